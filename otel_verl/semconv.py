@@ -1,0 +1,118 @@
+"""Every span and resource attribute key otel_verl emits or reads, in one place.
+
+Nothing else in otel_verl spells these strings. The GenAI names are pinned to the OpenTelemetry
+GenAI semantic conventions v1.41 (still "Development"); the OpenInference names are the ones
+Phoenix, Arize, Weave and Langfuse read.
+
+Usage::
+
+    from otel_verl import semconv
+    span.set_attribute(semconv.ROLLOUT_STEP, 3)
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- trajectory identity: on every span inside a trajectory -------------------------------------
+ROLLOUT_STEP: Final = "rollout.step"
+ROLLOUT_SAMPLE_INDEX: Final = "rollout.sample_index"
+ROLLOUT_ROLLOUT_N: Final = "rollout.rollout_n"
+ROLLOUT_VALIDATE: Final = "rollout.validate"
+ROLLOUT_EXPERIMENT_NAME: Final = "rollout.experiment_name"
+#: on the resource (and on the trajectory span), not repeated on every span
+ROLLOUT_PROJECT_NAME: Final = "rollout.project_name"
+#: the trajectory's reward, set on the trajectory span (and the run span) once known
+ROLLOUT_REWARD: Final = "rollout.reward"
+#: how many turns the trajectory took, set on the trajectory span by the agent loop
+ROLLOUT_NUM_TURNS: Final = "rollout.num_turns"
+
+#: the attributes copied onto every span of a trajectory, in the order verl lists them
+TRAJECTORY_KEYS: Final = (
+    ROLLOUT_STEP,
+    ROLLOUT_SAMPLE_INDEX,
+    ROLLOUT_ROLLOUT_N,
+    ROLLOUT_VALIDATE,
+    ROLLOUT_EXPERIMENT_NAME,
+)
+
+# --- otel_verl's own structural markers ---------------------------------------------------------
+#: True on the span opened by ``rollout_trace_attr``
+OTEL_VERL_TRAJECTORY: Final = "otel_verl.trajectory"
+#: True on a span whose direct parent is a trajectory span (lets exporters drop the trajectory
+#: span and promote its children, the way verl's weave backend shapes the tree)
+OTEL_VERL_TRAJECTORY_CHILD: Final = "otel_verl.trajectory_child"
+#: names of the payload fields that were cut to fit the size caps (list of str)
+OTEL_VERL_TRUNCATED: Final = "otel_verl.truncated"
+#: how many values were replaced by the redaction marker in this span's payloads
+OTEL_VERL_REDACTED: Final = "otel_verl.redacted"
+#: payload serialisation problems (e.g. an object whose repr raised), as text
+OTEL_VERL_PAYLOAD_ERROR: Final = "otel_verl.payload_error"
+
+# --- OpenInference -----------------------------------------------------------------------------
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+INPUT_VALUE: Final = "input.value"
+INPUT_MIME_TYPE: Final = "input.mime_type"
+OUTPUT_VALUE: Final = "output.value"
+OUTPUT_MIME_TYPE: Final = "output.mime_type"
+MIME_JSON: Final = "application/json"
+
+
+class SpanKindName:
+    """Values of ``openinference.span.kind``."""
+
+    AGENT: Final = "AGENT"
+    CHAIN: Final = "CHAIN"
+    LLM: Final = "LLM"
+    TOOL: Final = "TOOL"
+    EVALUATOR: Final = "EVALUATOR"
+
+
+# --- GenAI semantic conventions (v1.41 names) ---------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"  # event name
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
+
+
+class GenAIOperation:
+    """Values of ``gen_ai.operation.name``."""
+
+    CHAT: Final = "chat"
+    TEXT_COMPLETION: Final = "text_completion"
+    GENERATE_CONTENT: Final = "generate_content"
+    EXECUTE_TOOL: Final = "execute_tool"
+    INVOKE_AGENT: Final = "invoke_agent"
+    EVALUATE: Final = "evaluate"  # otel_verl's name for reward spans (no GenAI value exists yet)
+
+
+# --- resource -----------------------------------------------------------------------------------
+SERVICE_NAME: Final = "service.name"
+HOST_NAME: Final = "host.name"
+PROCESS_PID: Final = "process.pid"
+
+# --- W3C trace context carrier keys -------------------------------------------------------------
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+#: our key in a cross-process carrier: the trajectory attributes as JSON
+CARRIER_TRAJECTORY: Final = "otel-verl-trajectory"
