@@ -1,0 +1,63 @@
+"""otel_verl: OpenTelemetry tracing for RL post-training rollouts, a drop-in for verl's
+``verl.utils.rollout_trace``.
+
+Usage::
+
+    from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+
+    RolloutTraceConfig.init("my_project", "exp1", "file")     # file | otlp | weave | console | none
+
+    class MyAgentLoop:
+        @rollout_trace_op
+        async def run(self, sampling_params, **row): ...
+
+    with rollout_trace_attr(step=1, sample_index=3, rollout_n=0):
+        await MyAgentLoop().run(params, **row)
+
+Configuration: explicit argument > verl/Hydra key (``actor_rollout_ref.rollout.trace.*``,
+``trainer.*``) > environment (``OTEL_*``, ``OTEL_VERL_*``) > default; see the README's table.
+"""
+
+from otel_verl import semconv
+from otel_verl._api import (
+    RolloutTraceConfig,
+    current_trajectory_attributes,
+    get_tracer,
+    get_tracer_provider,
+    inject_context,
+    is_recording,
+    record_reward,
+    rollout_trace_attr,
+    rollout_trace_op,
+    select_traced_samples,
+    set_payload,
+    set_trajectory_attribute,
+    traceparent_headers,
+    use_context,
+)
+from otel_verl._config import ConfigError, TraceConfig
+from otel_verl._sampling import TrajectorySampler
+from otel_verl.semconv import SpanKindName
+
+__all__ = [
+    "ConfigError",
+    "RolloutTraceConfig",
+    "SpanKindName",
+    "TraceConfig",
+    "TrajectorySampler",
+    "current_trajectory_attributes",
+    "get_tracer",
+    "get_tracer_provider",
+    "inject_context",
+    "is_recording",
+    "record_reward",
+    "rollout_trace_attr",
+    "rollout_trace_op",
+    "select_traced_samples",
+    "semconv",
+    "set_payload",
+    "set_trajectory_attribute",
+    "traceparent_headers",
+    "use_context",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,376 @@
+"""Configuration: one frozen object, resolved once, with an explicit and tested precedence.
+
+Precedence, highest first: explicit argument > verl/Hydra key (``actor_rollout_ref.rollout.trace.*``,
+``trainer.*``) > environment (``OTEL_*`` standard names, ``OTEL_VERL_*`` for what is ours) > default.
+
+A bad explicit or verl value raises ``ConfigError`` naming the key and the allowed values; a bad
+environment value logs a warning and falls back to the next source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from otel_verl import _env
+
+_log = logging.getLogger("otel_verl")
+
+#: backends otel_verl implements; ``None`` means tracing off
+BACKENDS = ("file", "otlp", "weave", "console", "none")
+#: backends verl knows that otel_verl does not implement: accepted, tracing off, with a warning
+FOREIGN_BACKENDS = ("mlflow", "trackio")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+PROCESSORS = ("batch", "simple")
+
+VERL_TRACE_PREFIX = "actor_rollout_ref.rollout.trace."
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key and what is allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceConfig:
+    """The resolved tracing configuration of one process. Build it with ``resolve_config``."""
+
+    project_name: str = "otel-verl"
+    experiment_name: str = "default"
+    backend: str | None = "file"
+    token2text: bool = False
+    max_samples_per_step_per_worker: int | None = None
+    trace_dir: str = "./otel_verl_traces"
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "grpc"
+    service_name: str = "otel-verl"
+    max_field_bytes: int = 64 * 1024
+    max_span_bytes: int = 512 * 1024
+    redact: bool = True
+    processor: str = "batch"
+    max_queue_size: int = 16384
+    max_export_batch_size: int = 512
+    schedule_delay_s: float = 1.0
+    export_timeout_s: float = 10.0
+    spool_dir: str | None = None
+    weave_entity: str | None = None
+    weave_base_url: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when a backend that records spans is selected."""
+        return self.backend is not None and self.backend != "none"
+
+    def to_json(self) -> str:
+        """Serialise for a worker process (see ``RolloutTraceConfig.export_env``)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+# --- value parsers: raise ConfigError(message without the key); the caller adds the key ----------
+
+
+def _parse_str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _parse_opt_str(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return _parse_str(value)
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"expected true or false, got {value!r}")
+
+
+def _parse_int(value: Any, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}") from None
+    if isinstance(value, float) and value != number:
+        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}")
+    if number < minimum:
+        raise ConfigError(f"expected an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def _parse_max_samples(value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none")):
+        return None
+    return _parse_int(value, 0)
+
+
+def _parse_positive_float(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected a positive number, got {value!r}") from None
+    if not number > 0:
+        raise ConfigError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in allowed:
+            raise ConfigError(f"expected one of {', '.join(allowed)}; got {value!r}")
+        return text
+
+    return parse
+
+
+def _parse_backend(value: Any) -> str | None:
+    """verl semantics: None or an unknown name turns tracing off (with a warning for a name)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"expected one of {', '.join(BACKENDS)} or null; got {value!r}")
+    name = value.strip().lower()
+    if name in BACKENDS:
+        return name
+    if name in ("", "null"):
+        return None
+    known = ", ".join(BACKENDS)
+    if name in FOREIGN_BACKENDS:
+        _log.warning("otel_verl: backend %r is verl's own and not provided by otel_verl; tracing "
+                     "is off. Use one of: %s", value, known)
+    else:
+        _log.warning("otel_verl: unknown backend %r, tracing is off (like verl). Known: %s",
+                     value, known)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    name: str
+    parse: Callable[[Any], Any]
+    env: tuple[str, ...] = ()
+    verl: tuple[str, ...] = ()
+
+
+def _ms_to_s(value: Any) -> float:
+    return _parse_positive_float(value) / 1000.0
+
+
+_FIELDS: tuple[_Field, ...] = (
+    _Field("project_name", _parse_str, (_env.OTEL_VERL_PROJECT_NAME,),
+           (VERL_TRACE_PREFIX + "project_name", "trainer.project_name")),
+    _Field("experiment_name", _parse_str, (_env.OTEL_VERL_EXPERIMENT_NAME,),
+           (VERL_TRACE_PREFIX + "experiment_name", "trainer.experiment_name")),
+    _Field("backend", _parse_backend, (_env.OTEL_VERL_BACKEND,), (VERL_TRACE_PREFIX + "backend",)),
+    _Field("token2text", _parse_bool, (_env.OTEL_VERL_TOKEN2TEXT,),
+           (VERL_TRACE_PREFIX + "token2text",)),
+    _Field("max_samples_per_step_per_worker", _parse_max_samples,
+           (_env.OTEL_VERL_MAX_SAMPLES_PER_STEP_PER_WORKER,),
+           (VERL_TRACE_PREFIX + "max_samples_per_step_per_worker",)),
+    _Field("trace_dir", _parse_str, (_env.OTEL_VERL_TRACE_DIR,), (VERL_TRACE_PREFIX + "trace_dir",)),
+    _Field("otlp_endpoint", _parse_opt_str,
+           (_env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _env.OTEL_EXPORTER_OTLP_ENDPOINT),
+           (VERL_TRACE_PREFIX + "otlp_endpoint",)),
+    _Field("otlp_protocol", _choice(OTLP_PROTOCOLS),
+           (_env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, _env.OTEL_EXPORTER_OTLP_PROTOCOL),
+           (VERL_TRACE_PREFIX + "otlp_protocol",)),
+    _Field("service_name", _parse_str, (_env.OTEL_SERVICE_NAME,),
+           (VERL_TRACE_PREFIX + "service_name",)),
+    _Field("max_field_bytes", lambda v: _parse_int(v, 256), (_env.OTEL_VERL_MAX_FIELD_BYTES,),
+           (VERL_TRACE_PREFIX + "max_field_bytes",)),
+    _Field("max_span_bytes", lambda v: _parse_int(v, 1024), (_env.OTEL_VERL_MAX_SPAN_BYTES,),
+           (VERL_TRACE_PREFIX + "max_span_bytes",)),
+    _Field("redact", _parse_bool, (_env.OTEL_VERL_REDACT,), (VERL_TRACE_PREFIX + "redact",)),
+    _Field("processor", _choice(PROCESSORS), (_env.OTEL_VERL_PROCESSOR,),
+           (VERL_TRACE_PREFIX + "processor",)),
+    _Field("max_queue_size", lambda v: _parse_int(v, 1), (_env.OTEL_BSP_MAX_QUEUE_SIZE,),
+           (VERL_TRACE_PREFIX + "max_queue_size",)),
+    _Field("max_export_batch_size", lambda v: _parse_int(v, 1),
+           (_env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE,), (VERL_TRACE_PREFIX + "max_export_batch_size",)),
+    _Field("schedule_delay_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "schedule_delay_s",)),
+    _Field("export_timeout_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "export_timeout_s",)),
+    _Field("spool_dir", _parse_opt_str, (_env.OTEL_VERL_SPOOL_DIR,),
+           (VERL_TRACE_PREFIX + "spool_dir",)),
+    _Field("weave_entity", _parse_opt_str, (_env.OTEL_VERL_WEAVE_ENTITY,),
+           (VERL_TRACE_PREFIX + "weave_entity",)),
+    _Field("weave_base_url", _parse_opt_str, (_env.OTEL_VERL_WEAVE_BASE_URL,),
+           (VERL_TRACE_PREFIX + "weave_base_url",)),
+)
+FIELD_NAMES = tuple(f.name for f in _FIELDS)
+# OTEL_BSP_SCHEDULE_DELAY is in milliseconds (OTel spec); ours is seconds
+_ENV_CONVERTERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "schedule_delay_s": (_env.OTEL_BSP_SCHEDULE_DELAY, _ms_to_s),
+}
+
+
+# --- verl / Hydra configs ------------------------------------------------------------------------
+
+
+def _parse_scalar(text: str) -> Any:
+    """Hydra-like scalars on the command line: null, true/false, ints, floats, else the string."""
+    lowered = text.strip().lower()
+    if lowered in ("null", "none", "~"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def flatten_verl_config(verl_config: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
+    """Turn a verl config (nested mapping, OmegaConf object, or dotted overrides) into dotted keys.
+
+    Args:
+        verl_config: ``{"actor_rollout_ref": {"rollout": {"trace": {...}}}, "trainer": {...}}``,
+            an OmegaConf ``DictConfig``, or ``["actor_rollout_ref.rollout.trace.backend=otlp", ...]``
+            (a leading ``+`` or ``++`` is accepted, as Hydra writes it).
+
+    Returns:
+        ``{"actor_rollout_ref.rollout.trace.backend": "otlp", ...}`` for the keys otel_verl reads.
+    """
+    if verl_config is None:
+        return {}
+    flat: dict[str, Any] = {}
+    if isinstance(verl_config, (str, bytes)):
+        raise ConfigError("verl_config: expected a mapping or a list of key=value overrides, "
+                          f"got {verl_config!r}")
+    if _is_mapping(verl_config):
+        wanted = {key for field in _FIELDS for key in field.verl}
+        for key in wanted:
+            found, value = _lookup(verl_config, key)
+            if found:
+                flat[key] = value
+        return flat
+    for item in verl_config:
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"verl_config: override {item!r} is not of the form key=value")
+        key, _, value = item.partition("=")
+        flat[key.lstrip("+").strip()] = _parse_scalar(value)
+    return flat
+
+
+def _is_mapping(obj: Any) -> bool:
+    return isinstance(obj, Mapping) or (hasattr(obj, "get") and hasattr(obj, "keys"))
+
+
+def _lookup(cfg: Any, dotted: str) -> tuple[bool, Any]:
+    node = cfg
+    for part in dotted.split("."):
+        if not _is_mapping(node) or part not in node.keys():
+            return False, None
+        node = node.get(part)
+    return True, node
+
+
+# --- resolution ----------------------------------------------------------------------------------
+
+
+def resolve_config(
+    explicit: Mapping[str, Any] | None = None,
+    verl_config: Mapping[str, Any] | Iterable[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TraceConfig:
+    """Resolve the configuration from all sources, highest precedence first.
+
+    Args:
+        explicit: field name -> value, as passed to ``RolloutTraceConfig.init``; a value of
+            ``None`` means "not given" except for ``backend`` and ``max_samples_per_step_per_worker``
+            where ``None`` is verl's meaningful default and is only honoured when given explicitly
+            by the caller (``explicit`` containing the key).
+        verl_config: a verl config or dotted overrides (see ``flatten_verl_config``).
+        environ: the environment (default ``os.environ``).
+
+    Returns:
+        The frozen ``TraceConfig``.
+
+    Raises:
+        ConfigError: an explicit or verl value is invalid, or an unknown option was given.
+    """
+    explicit = dict(explicit or {})
+    environ = os.environ if environ is None else environ
+    unknown = set(explicit) - set(FIELD_NAMES)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {', '.join(FIELD_NAMES)}")
+    flat_verl = flatten_verl_config(verl_config)
+    base = _from_worker_env(environ)
+    values: dict[str, Any] = {}
+    for field in _FIELDS:
+        if field.name in explicit:
+            values[field.name] = _parse_or_raise(field, explicit[field.name], field.name)
+            continue
+        verl_key = next((k for k in field.verl if k in flat_verl and flat_verl[k] is not None),
+                        None)
+        if verl_key is None and field.name in ("backend", "max_samples_per_step_per_worker"):
+            verl_key = next((k for k in field.verl if k in flat_verl), None)
+        if verl_key is not None:
+            values[field.name] = _parse_or_raise(field, flat_verl[verl_key], verl_key)
+            continue
+        from_env = _from_env(field, environ)
+        if from_env is not _MISSING:
+            values[field.name] = from_env
+        elif field.name in base:
+            values[field.name] = base[field.name]
+    return TraceConfig(**values)
+
+
+_MISSING = object()
+
+
+def _parse_or_raise(field: _Field, value: Any, key: str) -> Any:
+    try:
+        return field.parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def _from_env(field: _Field, environ: Mapping[str, str]) -> Any:
+    sources = [(name, field.parse) for name in field.env]
+    if field.name in _ENV_CONVERTERS:
+        sources.append(_ENV_CONVERTERS[field.name])
+    for name, parse in sources:
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            return parse(raw)
+        except ConfigError as exc:
+            _log.warning("otel_verl: ignoring %s=%r (%s); using the next source", name, raw, exc)
+    return _MISSING
+
+
+def _from_worker_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The driver's whole configuration, when ``export_env`` put it in this process's environment.
+
+    It ranks below every individual variable, so a worker can still override one setting.
+    """
+    raw = environ.get(_env.OTEL_VERL_CONFIG)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+        base = {}
+        for field in _FIELDS:
+            if field.name in data:
+                value = data[field.name]
+                base[field.name] = value if value is None else field.parse(value)
+        return base
+    except (ValueError, ConfigError) as exc:
+        _log.warning("otel_verl: ignoring malformed %s (%s)", _env.OTEL_VERL_CONFIG, exc)
+        return {}

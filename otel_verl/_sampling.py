@@ -1,0 +1,104 @@
+"""Deterministic, consistent trajectory sampling (``max_samples_per_step_per_worker``).
+
+verl picks N sample indices per step per worker with the unseeded numpy RNG, so the traced
+prompts change every step and differ between workers and runs. Here every sample index gets a
+stable rank (a keyed BLAKE2 hash of the experiment name and the index); a worker traces the N
+lowest-ranked unique samples of its chunk. The same prompts therefore win in every step, on every
+worker that sees them, and in every rerun, and every rollout (GRPO repeat) of a winner is traced.
+
+Usage::
+
+    sampler = RolloutTraceConfig.sampler()
+    chosen = sampler.select(chunk_sample_indices)        # batch form, in the agent-loop worker
+    with rollout_trace_attr(sample_index=i, step=s, rollout_n=n, trace=i in chosen): ...
+
+    if sampler.should_trace(sample_index, step): ...     # streaming form, batch not known up front
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Hashable, Iterable
+
+_SCALE = float(1 << 64)
+
+
+def sample_rank(experiment_name: str, sample_index: Hashable) -> float:
+    """A stable pseudo-random rank in [0, 1) for a sample of an experiment (same on every host)."""
+    digest = hashlib.blake2b(f"{sample_index!r}".encode(), digest_size=8,
+                             key=experiment_name.encode()[:64]).digest()
+    return int.from_bytes(digest, "big") / _SCALE
+
+
+class TrajectorySampler:
+    """Chooses which samples to trace, deterministically.
+
+    Args:
+        max_samples_per_step_per_worker: N; ``None`` traces every sample, 0 traces none.
+        experiment_name: keys the ranking, so different experiments sample different prompts.
+        fraction: streaming form only: a sample is eligible when its rank is below this
+            fraction (default 1.0: every sample eligible, the first N eligible ones per step win).
+            With ``fraction = N / samples_per_step`` the winners are the same set across steps.
+
+    Raises:
+        ValueError: N is negative, or fraction is outside (0, 1].
+    """
+
+    def __init__(self, max_samples_per_step_per_worker: int | None, experiment_name: str,
+                 fraction: float = 1.0) -> None:
+        limit = max_samples_per_step_per_worker
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 0):
+            raise ValueError("max_samples_per_step_per_worker: expected null or an integer >= 0, "
+                             f"got {limit!r}")
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction: expected a number in (0, 1], got {fraction!r}")
+        self.limit = limit
+        self.experiment_name = experiment_name
+        self.fraction = fraction
+        self._lock = threading.Lock()
+        self._seen: dict[Hashable, dict[Hashable, bool]] = {}
+
+    def rank(self, sample_index: Hashable) -> float:
+        """The sample's stable rank in [0, 1); lower ranks are traced first."""
+        return sample_rank(self.experiment_name, sample_index)
+
+    def select(self, sample_indices: Iterable[Hashable]) -> frozenset:
+        """The sample indices of one chunk to trace: the N unique ones of lowest rank.
+
+        Args:
+            sample_indices: the chunk's sample indices (repeats, e.g. GRPO rollouts, allowed).
+
+        Returns:
+            The chosen unique indices; every rollout of a chosen index is to be traced.
+        """
+        unique = list(dict.fromkeys(sample_indices))
+        if self.limit is None or len(unique) <= self.limit:
+            return frozenset(unique)
+        if self.limit == 0:
+            return frozenset()
+        ranked = sorted(unique, key=lambda index: (self.rank(index), repr(index)))
+        return frozenset(ranked[: self.limit])
+
+    def should_trace(self, sample_index: Hashable, step: Hashable = None) -> bool:
+        """Streaming form: decide one sample at a time within a step. Thread-safe.
+
+        The same sample always gets the same answer within a step (so all its rollouts agree);
+        at most N distinct samples are admitted per step.
+        """
+        if self.limit is None:
+            return True
+        if self.limit == 0:
+            return False
+        with self._lock:
+            decided = self._seen.setdefault(step, {})
+            if sample_index in decided:
+                return decided[sample_index]
+            if len(self._seen) > 64:  # keep only recent steps
+                for old in list(self._seen)[:-8]:
+                    del self._seen[old]
+            admitted = sum(decided.values())
+            verdict = admitted < self.limit and self.rank(sample_index) < self.fraction
+            decided[sample_index] = verdict
+            return verdict

@@ -1,0 +1,48 @@
+"""Test helpers for users of otel_verl (and for our own tests).
+
+Usage::
+
+    from otel_verl.testing import capture_spans
+
+    def test_my_loop():
+        with capture_spans(experiment_name="t") as exporter:
+            ...
+        names = [s.name for s in exporter.get_finished_spans()]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_verl import _errors
+from otel_verl._api import RolloutTraceConfig
+
+
+@contextlib.contextmanager
+def capture_spans(project_name: str = "test", experiment_name: str = "test",
+                  strict: bool = True, **init_kwargs: Any) -> Iterator[InMemorySpanExporter]:
+    """Initialise tracing into an in-memory exporter (simple processor), reset afterwards.
+
+    Args:
+        project_name / experiment_name: as in ``RolloutTraceConfig.init``.
+        strict: re-raise otel_verl's own internal errors instead of logging them.
+        **init_kwargs: more ``RolloutTraceConfig.init`` options (``token2text``, caps, ...).
+
+    Yields:
+        The exporter; ``get_finished_spans()`` lists what was recorded.
+    """
+    RolloutTraceConfig.reset()
+    exporter = InMemorySpanExporter()
+    init_kwargs.setdefault("backend", "console")
+    init_kwargs.setdefault("processor", "simple")
+    old = _errors.set_strict(strict)
+    try:
+        RolloutTraceConfig.init(project_name, experiment_name, exporter=exporter, **init_kwargs)
+        yield exporter
+    finally:
+        RolloutTraceConfig.reset()
+        _errors.set_strict(old)
