@@ -46,3 +46,8 @@ def capture_spans(project_name: str = "test", experiment_name: str = "test",
     finally:
         RolloutTraceConfig.reset()
         _errors.set_strict(old)
+
+
+def spans_by_name(exporter: InMemorySpanExporter) -> dict[str, Any]:
+    """The exporter's finished spans keyed by name (the last one wins for repeated names)."""
+    return {span.name: span for span in exporter.get_finished_spans()}

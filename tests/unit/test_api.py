@@ -1,0 +1,339 @@
+"""The verl-compatible API: behaviours verl users rely on, plus the span contract."""
+
+import asyncio
+import json
+import pickle
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+from otel_verl import (
+    RolloutTraceConfig,
+    SpanKindName,
+    get_tracer,
+    inject_context,
+    is_recording,
+    record_reward,
+    rollout_trace_attr,
+    rollout_trace_op,
+    semconv,
+    traceparent_headers,
+    use_context,
+)
+from otel_verl.testing import capture_spans
+
+from otel_verl.testing import spans_by_name as by_name
+
+
+class Agent:
+    def __init__(self):
+        self.calls = 0
+
+    @rollout_trace_op
+    def sync_op(self, a, b=2, *, c=3):
+        self.calls += 1
+        return {"sum": a + b + c}
+
+    @rollout_trace_op
+    async def run(self, sampling_params, **kwargs):
+        self.calls += 1
+        await self.turn(prompt_ids=[1, 2])
+        return {"ok": True, "kwargs_seen": sorted(kwargs)}
+
+    @rollout_trace_op(kind=SpanKindName.LLM)
+    async def turn(self, prompt_ids):
+        return {"token_ids": [3, 4]}
+
+    @rollout_trace_op
+    async def boom(self, x):
+        raise KeyError(x)
+
+    @rollout_trace_op
+    def numbers(self, n):
+        yield from range(n)
+
+    @rollout_trace_op
+    async def anumbers(self, n):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+
+@rollout_trace_op
+def plain_function(x, y=10):
+    return x * y
+
+
+def test_untraced_passthrough_when_not_initialised():
+    agent = Agent()
+    assert agent.sync_op(1) == {"sum": 6}
+    assert asyncio.run(agent.run({}, a=1)) == {"ok": True, "kwargs_seen": ["a"]}
+    assert list(agent.numbers(3)) == [0, 1, 2]
+    assert plain_function(2) == 20
+    assert not is_recording()
+    assert traceparent_headers() == {}
+
+
+def test_unknown_backend_turns_tracing_off(caplog):
+    RolloutTraceConfig.init("p", "e", "no-such-backend")
+    assert RolloutTraceConfig.get_backend() is None
+    assert not is_recording()
+    assert "unknown backend" in caplog.text
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init("p", "e", None)
+    assert RolloutTraceConfig.get_backend() is None
+
+
+def test_only_first_init_takes_effect(spans):
+    RolloutTraceConfig.init("other", "other", "file")
+    assert RolloutTraceConfig.get_instance().project_name == "proj"
+
+
+def test_input_binding_like_verl(spans):
+    agent = Agent()
+    agent.sync_op(1, c=5)
+    asyncio.run(agent.run({"temperature": 1.0}, raw_prompt="hi", index=7))
+    plain_function(3)
+    got = by_name(spans)
+    assert json.loads(got["Agent.sync_op"].attributes[semconv.INPUT_VALUE]) == {"a": 1, "b": 2,
+                                                                                 "c": 5}
+    assert json.loads(got["Agent.run"].attributes[semconv.INPUT_VALUE]) == {
+        "sampling_params": {"temperature": 1.0}, "kwargs": {"raw_prompt": "hi", "index": 7}}
+    assert json.loads(got["plain_function"].attributes[semconv.INPUT_VALUE]) == {"x": 3, "y": 10}
+    assert json.loads(got["Agent.sync_op"].attributes[semconv.OUTPUT_VALUE]) == {"sum": 8}
+    assert got["Agent.turn"].attributes[semconv.OPENINFERENCE_SPAN_KIND] == "LLM"
+    assert got["Agent.turn"].parent.span_id == got["Agent.run"].context.span_id
+
+
+def test_exception_recorded_and_reraised_unchanged(spans):
+    agent = Agent()
+    with pytest.raises(KeyError) as info:
+        asyncio.run(agent.boom("x"))
+    assert info.value.args == ("x",)
+    span = by_name(spans)["Agent.boom"]
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.events[0].name == "exception"
+    assert span.events[0].attributes["exception.type"] == "KeyError"
+
+
+def test_trajectory_attributes_on_every_span(spans):
+    agent = Agent()
+
+    async def main():
+        with rollout_trace_attr(sample_index=5, step=3, rollout_n=1, name="agent_loop") as span:
+            assert span is not None
+            await agent.run({})
+            with get_tracer().start_as_current_span("hand_made"):
+                pass
+
+    asyncio.run(main())
+    got = by_name(spans)
+    root = got["agent_loop"]
+    assert root.attributes[semconv.OTEL_VERL_TRAJECTORY] is True
+    for name in ("agent_loop", "Agent.run", "Agent.turn", "hand_made"):
+        attrs = got[name].attributes
+        assert attrs[semconv.ROLLOUT_STEP] == 3
+        assert attrs[semconv.ROLLOUT_SAMPLE_INDEX] == 5
+        assert attrs[semconv.ROLLOUT_ROLLOUT_N] == 1
+        assert attrs[semconv.ROLLOUT_VALIDATE] is False
+        assert attrs[semconv.ROLLOUT_EXPERIMENT_NAME] == "exp"
+        assert got[name].context.trace_id == root.context.trace_id
+    assert got["Agent.run"].attributes[semconv.OTEL_VERL_TRAJECTORY_CHILD] is True
+    assert semconv.OTEL_VERL_TRAJECTORY_CHILD not in got["Agent.turn"].attributes
+    assert got["Agent.run"].parent.span_id == root.context.span_id
+
+
+def test_trace_false_silences_and_nested_restores(spans):
+    agent = Agent()
+    with rollout_trace_attr(step=1, sample_index=0):
+        agent.sync_op(1)
+        with rollout_trace_attr(step=1, sample_index=1, trace=False) as silenced:
+            assert silenced is None
+            agent.sync_op(2)
+            assert not is_recording()
+            assert get_tracer().start_span("x").is_recording() is False
+        agent.sync_op(3)
+    calls = [s for s in spans.get_finished_spans() if s.name == "Agent.sync_op"]
+    assert [json.loads(s.attributes[semconv.INPUT_VALUE])["a"] for s in calls] == [1, 3]
+    assert agent.calls == 3
+
+
+def test_trace_false_restored_after_exception(spans):
+    agent = Agent()
+    with pytest.raises(RuntimeError):
+        with rollout_trace_attr(sample_index=1, trace=False):
+            raise RuntimeError("inside")
+    agent.sync_op(1)
+    assert [s.name for s in spans.get_finished_spans()] == ["Agent.sync_op"]
+
+
+def test_trajectory_span_records_exception(spans):
+    with pytest.raises(ValueError):
+        with rollout_trace_attr(sample_index=1, name="traj"):
+            raise ValueError("bad")
+    (span,) = spans.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_generators_traced(spans):
+    agent = Agent()
+    assert list(agent.numbers(3)) == [0, 1, 2]
+
+    async def consume():
+        return [i async for i in agent.anumbers(2)]
+
+    assert asyncio.run(consume()) == [0, 1]
+    got = by_name(spans)
+    assert json.loads(got["Agent.numbers"].attributes[semconv.OUTPUT_VALUE]) == [0, 1, 2]
+    assert json.loads(got["Agent.anumbers"].attributes[semconv.OUTPUT_VALUE]) == [0, 1]
+
+
+def test_generator_exception_recorded(spans):
+    @rollout_trace_op
+    def bad():
+        yield 1
+        raise OSError("disk")
+
+    with pytest.raises(OSError):
+        list(bad())
+    assert by_name(spans)["test_generator_exception_recorded.<locals>.bad"].status.status_code \
+        is StatusCode.ERROR
+
+
+def test_thousand_concurrent_trajectories_no_cross_talk(spans):
+    class Loop:
+        @rollout_trace_op
+        async def run(self, sample):
+            await asyncio.sleep(0)
+            await self.turn(sample)
+            return sample
+
+        @rollout_trace_op
+        async def turn(self, sample):
+            await asyncio.sleep(0)
+            return sample
+
+    loop = Loop()
+
+    async def one(i):
+        with rollout_trace_attr(sample_index=i, step=i % 7, rollout_n=i % 3, name="traj"):
+            await asyncio.sleep(0)
+            return await loop.run(i)
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(1000)))
+
+    assert asyncio.run(main()) == list(range(1000))
+    finished = spans.get_finished_spans()
+    assert len(finished) == 3000
+    roots = {s.context.trace_id: s for s in finished if s.name == "traj"}
+    assert len(roots) == 1000
+    for span in finished:
+        root = roots[span.context.trace_id]
+        for key in (semconv.ROLLOUT_SAMPLE_INDEX, semconv.ROLLOUT_STEP, semconv.ROLLOUT_ROLLOUT_N):
+            assert span.attributes[key] == root.attributes[key]
+        if span.name != "traj":
+            assert json.loads(span.attributes[semconv.INPUT_VALUE])["sample"] == \
+                root.attributes[semconv.ROLLOUT_SAMPLE_INDEX]
+
+
+def test_token2text_adds_text_to_a_copy_and_never_mutates():
+    class Tok:
+        def decode(self, ids, skip_special_tokens=False):
+            return " ".join(f"t{i}" for i in ids)
+
+    class Loop:
+        tokenizer = Tok()
+
+        @rollout_trace_op
+        async def run(self):
+            return self.out
+
+        @rollout_trace_op
+        async def generate(self, request_id, *, prompt_ids):
+            return {"token_ids": [7, 8]}
+
+    loop = Loop()
+    loop.out = {"prompt_ids": [1, 2], "response_ids": [3]}
+    with capture_spans(token2text=True) as exporter:
+        result = asyncio.run(loop.run())
+        asyncio.run(loop.generate("r", prompt_ids=[5]))
+    assert result is loop.out and result == {"prompt_ids": [1, 2], "response_ids": [3]}
+    got = by_name(exporter)
+    out = json.loads(got["test_token2text_adds_text_to_a_copy_and_never_mutates.<locals>.Loop.run"]
+                     .attributes[semconv.OUTPUT_VALUE])
+    assert out["prompt_text"] == "t1 t2" and out["response_text"] == "t3"
+    gen = json.loads(got["test_token2text_adds_text_to_a_copy_and_never_mutates.<locals>.Loop."
+                         "generate"].attributes[semconv.OUTPUT_VALUE])
+    assert gen["prompt_text"] == "t5" and gen["response_text"] == "t7 t8"
+
+
+def test_token2text_off_by_default(spans):
+    class Loop:
+        class tokenizer:  # noqa: N801
+            @staticmethod
+            def decode(ids, skip_special_tokens=False):
+                raise AssertionError("must not decode")
+
+        @rollout_trace_op
+        def run(self):
+            return {"prompt_ids": [1]}
+
+    Loop().run()
+    assert "prompt_text" not in json.loads(spans.get_finished_spans()[0]
+                                           .attributes[semconv.OUTPUT_VALUE])
+
+
+def test_record_reward_lands_on_trajectory(spans):
+    with rollout_trace_attr(sample_index=1, name="traj"):
+        record_reward(1.0, label="correct")
+    (span,) = spans.get_finished_spans()
+    assert span.attributes[semconv.ROLLOUT_REWARD] == 1.0
+    event = span.events[0]
+    assert event.name == semconv.GEN_AI_EVALUATION_RESULT
+    assert event.attributes[semconv.GEN_AI_EVALUATION_SCORE_VALUE] == 1.0
+    assert event.attributes[semconv.GEN_AI_EVALUATION_SCORE_LABEL] == "correct"
+
+
+def test_carrier_continues_trace_and_trajectory(spans):
+    with rollout_trace_attr(sample_index=4, step=2, name="traj"):
+        carrier = inject_context()
+        headers = traceparent_headers()
+    assert set(headers) >= {"traceparent"}
+    assert carrier["traceparent"] == headers["traceparent"]
+    # as if in another process
+    with use_context(carrier):
+        with get_tracer().start_as_current_span("remote_work"):
+            pass
+    got = by_name(spans)
+    remote, root = got["remote_work"], got["traj"]
+    assert remote.context.trace_id == root.context.trace_id
+    assert remote.parent.span_id == root.context.span_id
+    assert remote.attributes[semconv.ROLLOUT_SAMPLE_INDEX] == 4
+
+
+def test_carrier_carries_silence(spans):
+    with rollout_trace_attr(sample_index=4, trace=False):
+        carrier = inject_context()
+    with use_context(carrier):
+        assert not is_recording()
+    assert is_recording()
+
+
+def test_decorated_functions_pickle():
+    assert pickle.loads(pickle.dumps(plain_function))(2) == 20
+
+
+def test_internal_error_does_not_break_the_rollout(caplog):
+    class Unserialisable:
+        def __repr__(self):
+            raise RuntimeError("repr broke")
+
+    @rollout_trace_op
+    def echo(x):
+        return x
+
+    with capture_spans(strict=False) as exporter:
+        assert echo(Unserialisable()).__class__ is Unserialisable
+    span = exporter.get_finished_spans()[0]
+    assert "repr raised RuntimeError" in span.attributes[semconv.INPUT_VALUE]

@@ -1,0 +1,157 @@
+"""Payload capture: never raises, always valid JSON within the cap, secrets redacted."""
+
+import dataclasses
+import enum
+import json
+from datetime import datetime
+
+import numpy as np
+import pydantic
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_verl._payload import REDACTED, is_sensitive_key, to_payload
+
+
+def load(value, max_bytes=65536, redact=True):
+    payload = to_payload(value, max_bytes=max_bytes, redact=redact)
+    assert len(payload.json.encode()) <= max(256, max_bytes)
+    return json.loads(payload.json), payload
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class Output:
+    prompt_ids: list
+    reward_score: float
+    color: Color
+
+
+class Msg(pydantic.BaseModel):
+    role: str
+    content: str
+
+
+class FakeTensor:  # what a torch tensor looks like to the walker, without importing torch
+    __module__ = "torch"
+
+    def __init__(self, data):
+        self.data = data
+
+    def detach(self):
+        return self
+
+    def numel(self):
+        return len(self.data)
+
+    def cpu(self):
+        return self
+
+    def tolist(self):
+        return list(self.data)
+
+
+FakeTensor.__module__ = "torch"
+
+
+def test_common_rollout_types():
+    data, payload = load({
+        "out": Output([1, 2], 0.5, Color.RED),
+        "msgs": [Msg(role="user", content="hi")],
+        "arr": np.arange(3),
+        "scalar": np.float32(1.5),
+        "tensor": FakeTensor([4, 5]),
+        "raw": b"\x00bytes",
+        "tags": {"b", "a"},
+        "when": datetime(2026, 1, 2),
+        "nan": float("nan"),
+        7: "int key",
+    })
+    assert data["out"] == {"prompt_ids": [1, 2], "reward_score": 0.5, "color": "red"}
+    assert data["msgs"] == [{"role": "user", "content": "hi"}]
+    assert data["arr"] == [0, 1, 2] and data["scalar"] == 1.5 and data["tensor"] == [4, 5]
+    assert data["raw"]["__bytes__"] == 6
+    assert data["tags"] == ["a", "b"]
+    assert data["when"] == "2026-01-02T00:00:00"
+    assert data["nan"] == "nan" and data["7"] == "int key"
+    assert not payload.truncated and payload.error is None
+
+
+def test_cycles_and_hostile_objects():
+    loop = {"a": 1}
+    loop["self"] = loop
+
+    class BadRepr:
+        def __repr__(self):
+            raise RuntimeError("no")
+
+    class BadIter(list):
+        def __iter__(self):
+            raise RuntimeError("iter")
+
+    data, payload = load({"loop": loop, "bad": BadRepr(), "iter": BadIter([1])})
+    assert data["loop"]["self"] == "<cycle>"
+    assert "repr raised RuntimeError" in data["bad"]
+    assert data["iter"].startswith("<unserialisable")
+    assert "RuntimeError" in payload.error
+
+
+def test_big_arrays_are_summarised():
+    data, _ = load(np.zeros((300, 300)))
+    assert data["__array__"] == "numpy" and data["shape"] == [300, 300]
+
+
+@pytest.mark.parametrize("key", ["api_key", "Authorization", "password", "client_secret",
+                                 "WANDB_API_KEY", "access_token", "cookie"])
+def test_sensitive_keys_redacted(key):
+    data, payload = load({key: "value", "content": "fine"})
+    assert data[key] == REDACTED and data["content"] == "fine" and payload.redacted == 1
+
+
+@pytest.mark.parametrize("key", ["prompt_ids", "max_tokens", "response_ids", "input_tokens"])
+def test_token_keys_are_not_secrets(key):
+    assert not is_sensitive_key(key)
+
+
+@pytest.mark.parametrize("secret", [
+    "Bearer abcdefghijklmnop1234", "sk-proj-abcdefghijklmnop1234", "0123456789abcdef0123456789abcdef01234567",
+    "hf_abcdefghijklmnopqrstuvwxyz123456",
+])
+def test_secret_looking_values_redacted(secret):
+    data, payload = load({"content": f"please use {secret} now"})
+    assert secret not in data["content"] and REDACTED in data["content"]
+    assert payload.redacted == 1
+
+
+def test_redaction_can_be_turned_off():
+    data, payload = load({"api_key": "x"}, redact=False)
+    assert data["api_key"] == "x" and payload.redacted == 0
+
+
+def test_long_string_cut_with_marker():
+    data, payload = load({"text": "x" * 5000}, max_bytes=1000)
+    assert payload.truncated and "truncated" in data["text"]
+
+
+def test_long_list_cut_with_marker():
+    data, payload = load([{"role": "user", "content": "y" * 50}] * 500, max_bytes=2000)
+    assert payload.truncated
+    assert isinstance(data, list) and "more items" in data[-1]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=300),
+    lambda children: st.lists(children, max_size=8) | st.dictionaries(st.text(max_size=10),
+                                                                      children, max_size=8),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values, st.integers(min_value=256, max_value=4096))
+def test_always_valid_json_within_cap(value, cap):
+    load(value, max_bytes=cap)
