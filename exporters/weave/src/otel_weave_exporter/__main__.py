@@ -1,0 +1,31 @@
+"""``otel-weave-replay DIR`` / ``python -m otel_weave_exporter DIR``: resend spooled calls."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from otel_weave_exporter._replay import replay
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="otel-weave-replay", description="Send calls spooled by otel-weave-exporter to Weave."
+    )
+    parser.add_argument("directory", help="the exporter's spool_dir")
+    parser.add_argument("--base-url", default=None, help="trace server (default: as the exporter)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per project (60)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    try:
+        counts = replay(args.directory, base_url=args.base_url, timeout_s=args.timeout)
+    except ValueError as exc:
+        print(f"otel-weave-replay: {exc}", file=sys.stderr)
+        return 2
+    print(" ".join(f"{k}={v}" for k, v in counts.items()))
+    return 0 if counts["calls_failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

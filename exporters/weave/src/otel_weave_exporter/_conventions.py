@@ -1,0 +1,75 @@
+"""Attribute keys the exporter reads and environment variables it honours, in one place.
+
+The ``rollout.*`` keys are the documented defaults of otel_verl (``otel_verl/semconv.py``); the
+exporter does not import otel_verl, so the strings live here too. Any span attribute whose key
+starts with :data:`ROLLOUT_PREFIX` becomes a Weave call attribute with the prefix stripped
+(``rollout.step`` -> ``step``), which is how verl names them in Weave.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- trajectory identity (otel_verl defaults) ---------------------------------------------------
+ROLLOUT_PREFIX: Final = "rollout."
+ROLLOUT_STEP: Final = "rollout.step"
+ROLLOUT_SAMPLE_INDEX: Final = "rollout.sample_index"
+ROLLOUT_ROLLOUT_N: Final = "rollout.rollout_n"
+ROLLOUT_VALIDATE: Final = "rollout.validate"
+ROLLOUT_EXPERIMENT_NAME: Final = "rollout.experiment_name"
+#: structural markers: the trajectory span, and spans whose parent is a trajectory span
+OTEL_VERL_TRAJECTORY: Final = "otel_verl.trajectory"
+OTEL_VERL_TRAJECTORY_CHILD: Final = "otel_verl.trajectory_child"
+
+# --- OpenInference / GenAI ----------------------------------------------------------------------
+INPUT_VALUE: Final = "input.value"
+INPUT_MIME_TYPE: Final = "input.mime_type"
+OUTPUT_VALUE: Final = "output.value"
+OUTPUT_MIME_TYPE: Final = "output.mime_type"
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+#: Weave's own OTel conventions, honoured when present
+WANDB_DISPLAY_NAME: Final = "wandb.display_name"
+
+#: consumed by the translation; never repeated under ``attributes.otel``
+CONSUMED_KEYS: Final = frozenset(
+    {
+        INPUT_VALUE,
+        INPUT_MIME_TYPE,
+        OUTPUT_VALUE,
+        OUTPUT_MIME_TYPE,
+        OTEL_VERL_TRAJECTORY,
+        OTEL_VERL_TRAJECTORY_CHILD,
+        WANDB_DISPLAY_NAME,
+    }
+)
+
+# --- environment --------------------------------------------------------------------------------
+ENV_PROJECT: Final = "OTEL_EXPORTER_WEAVE_PROJECT"  # "project" or "entity/project"
+ENV_ENDPOINT: Final = "OTEL_EXPORTER_WEAVE_ENDPOINT"  # trace server base URL
+ENV_TIMEOUT: Final = "OTEL_EXPORTER_WEAVE_TIMEOUT"  # seconds, bound of one export()
+ENV_SPOOL_DIR: Final = "OTEL_EXPORTER_WEAVE_SPOOL_DIR"  # undeliverable calls go here
+ENV_KEEP_TRAJECTORY: Final = "OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY"  # "true": keep trajectory spans
+WANDB_API_KEY: Final = "WANDB_API_KEY"
+WANDB_ENTITY: Final = "WANDB_ENTITY"
+WANDB_PROJECT: Final = "WANDB_PROJECT"
+WANDB_BASE_URL: Final = "WANDB_BASE_URL"
+WANDB_PUBLIC_BASE_URL: Final = "WANDB_PUBLIC_BASE_URL"
+#: weave's own override of the trace server URL
+WF_TRACE_SERVER_URL: Final = "WF_TRACE_SERVER_URL"
+
+#: weave's defaults (weave/trace/env.py): the multi-tenant trace server, used when the W&B base
+#: URL is the public one; a dedicated / self-managed W&B serves traces under ``{base}/traces``
+DEFAULT_WANDB_BASE_URL: Final = "https://api.wandb.ai"
+DEFAULT_TRACE_SERVER_URL: Final = "https://trace.wandb.ai"
+
+# --- server limits (weave/trace_server_bindings/http_utils.py; hosted store row cap) -------------
+MAX_REQUEST_BYTES: Final = 31 * 1024 * 1024
+MAX_CALL_BYTES: Final = 3_500_000
+MAX_OP_NAME_CHARS: Final = 128
+MAX_DISPLAY_NAME_CHARS: Final = 1024

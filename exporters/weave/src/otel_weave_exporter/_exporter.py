@@ -1,0 +1,350 @@
+"""``WeaveSpanExporter``: finished spans -> Weave complete calls over HTTP.
+
+``export`` runs on the span processor's thread (``BatchSpanProcessor``'s worker, never the
+application's when used the recommended way): it translates, encodes, splits and POSTs within
+``timeout_s``, and returns SUCCESS or FAILURE; it never raises. What could not be delivered is
+counted and, with a spool directory, written to disk for replay.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_weave_exporter import _conventions as c
+from otel_weave_exporter._encode import batch_body, encode_call, split_batches
+from otel_weave_exporter._spool import Spool
+from otel_weave_exporter._translate import Translator
+from otel_weave_exporter._transport import HttpSender, basic_auth
+
+_log = logging.getLogger("otel_weave_exporter")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    """Everything the exporter runs with, resolved once (argument > environment > default)."""
+
+    entity: str
+    project: str
+    api_key: str = field(repr=False)
+    base_url: str
+    #: bound of one export() call (all retries included), seconds
+    timeout_s: float = 10.0
+    #: bound of one HTTP request, seconds (capped by what is left of timeout_s)
+    request_timeout_s: float = 10.0
+    #: bound of shutdown() / the default force_flush wait, seconds
+    shutdown_timeout_s: float = 5.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 8.0
+    max_request_bytes: int = c.MAX_REQUEST_BYTES
+    max_call_bytes: int = c.MAX_CALL_BYTES
+    keep_trajectory_spans: bool = False
+    include_otel_attributes: bool = True
+    usage_rollup: bool = True
+    spool_dir: str | None = None
+    max_spool_bytes: int = 1 << 30
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def project_id(self) -> str:
+        return f"{self.entity}/{self.project}"
+
+    @property
+    def path(self) -> str:
+        return f"/v2/{self.entity}/{self.project}/calls/complete"
+
+
+_OPTION_NAMES = frozenset(f.name for f in fields(ExporterConfig)) - {
+    "entity",
+    "project",
+    "api_key",
+    "base_url",
+}
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+        if value <= 0:
+            raise ValueError
+        return value
+    except ValueError:
+        _log.warning("ignoring %s=%r: not a positive number; using %s", name, raw, default)
+        return default
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    _log.warning("ignoring %s=%r: not a boolean; using %s", name, raw, default)
+    return default
+
+
+def default_trace_server_url() -> str:
+    """Weave's own rule (weave/trace/env.py): WF_TRACE_SERVER_URL, else the public trace
+    server for the public W&B, else ``{WANDB_BASE_URL}/traces`` for dedicated deployments."""
+    explicit = os.environ.get(c.WF_TRACE_SERVER_URL)
+    if explicit:
+        return explicit
+    base = (
+        os.environ.get(c.WANDB_PUBLIC_BASE_URL, "").rstrip("/")
+        or os.environ.get(c.WANDB_BASE_URL, c.DEFAULT_WANDB_BASE_URL).rstrip("/")
+    )
+    return c.DEFAULT_TRACE_SERVER_URL if base == c.DEFAULT_WANDB_BASE_URL else base + "/traces"
+
+
+def resolve_config(
+    project: str | None = None,
+    entity: str | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    **options: Any,
+) -> ExporterConfig:
+    """Build the frozen config; bad explicit values raise, bad environment values warn."""
+    unknown = set(options) - _OPTION_NAMES
+    if unknown:
+        raise TypeError(
+            f"WeaveSpanExporter got unknown option(s) {sorted(unknown)}; known: {sorted(_OPTION_NAMES)}"
+        )
+    project = project if project is not None else (
+        os.environ.get(c.ENV_PROJECT) or os.environ.get(c.WANDB_PROJECT)
+    )
+    if not project:
+        raise ValueError(
+            f"WeaveSpanExporter needs a project: pass project=... or set {c.ENV_PROJECT} "
+            f"(\"project\" or \"entity/project\")"
+        )
+    if "/" in project:
+        head, _, project = project.partition("/")
+        if entity is None:
+            entity = head
+        if "/" in project or not project or not head:
+            raise ValueError(f"project must be 'project' or 'entity/project', got {head}/{project}")
+    entity = entity if entity is not None else os.environ.get(c.WANDB_ENTITY)
+    if not entity:
+        raise ValueError(
+            f"WeaveSpanExporter needs a W&B entity for project {project!r}: pass entity=..., "
+            f"use project='entity/{project}', or set {c.WANDB_ENTITY}"
+        )
+    api_key = api_key if api_key is not None else os.environ.get(c.WANDB_API_KEY)
+    if not api_key:
+        raise ValueError(
+            f"WeaveSpanExporter needs a W&B API key: set {c.WANDB_API_KEY} (or pass api_key=...); "
+            "it never prompts for one"
+        )
+    if base_url is None:
+        base_url = os.environ.get(c.ENV_ENDPOINT) or default_trace_server_url()
+
+    defaults: dict[str, Any] = {
+        "timeout_s": _env_float(c.ENV_TIMEOUT, 10.0),
+        "keep_trajectory_spans": _env_bool(c.ENV_KEEP_TRAJECTORY, False),
+        "spool_dir": os.environ.get(c.ENV_SPOOL_DIR) or None,
+    }
+    merged = {**defaults, **options}
+    for name in ("timeout_s", "request_timeout_s", "shutdown_timeout_s", "max_request_bytes",
+                 "max_call_bytes"):
+        if name in merged and not (isinstance(merged[name], (int, float)) and merged[name] > 0):
+            raise ValueError(f"{name} must be a positive number, got {merged[name]!r}")
+    cfg = ExporterConfig(
+        entity=entity, project=project, api_key=api_key, base_url=base_url.rstrip("/"), **merged
+    )
+    if cfg.max_call_bytes > cfg.max_request_bytes - 64:
+        raise ValueError("max_call_bytes must be smaller than max_request_bytes")
+    return cfg
+
+
+class WeaveSpanExporter(SpanExporter):
+    """OpenTelemetry span exporter writing each finished span to W&B Weave as a complete call.
+
+    Args:
+        project: ``"project"`` or ``"entity/project"``; default ``$OTEL_EXPORTER_WEAVE_PROJECT``
+            (then ``$WANDB_PROJECT``).
+        entity: W&B entity; default the ``entity/`` part of ``project``, then ``$WANDB_ENTITY``.
+        api_key: default ``$WANDB_API_KEY``; a missing key raises ``ValueError`` here (no prompt).
+        base_url: the Weave trace server; default ``$OTEL_EXPORTER_WEAVE_ENDPOINT``, then weave's
+            own rule (``$WF_TRACE_SERVER_URL``, ``$WANDB_BASE_URL``/traces, https://trace.wandb.ai).
+        **options: any :class:`ExporterConfig` field (``timeout_s``, ``max_call_bytes``,
+            ``keep_trajectory_spans``, ``spool_dir``, ...). Unknown names raise ``TypeError``.
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        **options: Any,
+    ) -> None:
+        self.config = cfg = resolve_config(project, entity, api_key, base_url, **options)
+        self._translator = Translator(
+            cfg.entity,
+            cfg.project,
+            keep_trajectory_spans=cfg.keep_trajectory_spans,
+            include_otel_attributes=cfg.include_otel_attributes,
+            usage_rollup=cfg.usage_rollup,
+        )
+        self._sender = HttpSender(
+            cfg.base_url,
+            {"Authorization": basic_auth(cfg.api_key), **cfg.headers},
+            request_timeout_s=cfg.request_timeout_s,
+            backoff_initial_s=cfg.backoff_initial_s,
+            backoff_max_s=cfg.backoff_max_s,
+        )
+        self._spool = Spool(cfg.spool_dir, cfg.max_spool_bytes) if cfg.spool_dir else None
+        self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._stats = {
+            "spans": 0,  # spans handed to export()
+            "calls_sent": 0,  # calls the server accepted
+            "calls_failed": 0,  # calls not delivered (spooled or dropped)
+            "calls_spooled": 0,  # of those, written to the spool
+            "calls_truncated": 0,  # calls shrunk to fit max_call_bytes
+            "spans_skipped": 0,  # trajectory spans dropped by design
+            "spans_untranslatable": 0,  # spans whose translation raised (a bug; logged)
+            "requests": 0,
+        }
+
+    # -- public -----------------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since construction (a copy)."""
+        with self._stats_lock:
+            return dict(self._stats)
+
+    @property
+    def spool_path(self) -> str | None:
+        return str(self._spool.path) if self._spool is not None else None
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Translate and deliver ``spans`` within ``timeout_s``; never raises."""
+        try:
+            return self._export(spans)
+        except Exception:  # a bug of ours: never into the caller
+            _log.exception("otel-weave-exporter: unexpected error in export")
+            return SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Nothing is buffered between exports; waits (bounded) for an export in flight."""
+        if self._lock.acquire(timeout=max(timeout_millis, 0) / 1000.0):
+            self._lock.release()
+            return True
+        return False
+
+    def shutdown(self) -> None:
+        """Idempotent; returns within ``shutdown_timeout_s`` even if a request hangs."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._sender.abort()
+        if self._lock.acquire(timeout=self.config.shutdown_timeout_s):
+            try:
+                self._sender.close()
+            finally:
+                self._lock.release()
+        st = self.stats
+        if st["calls_failed"]:
+            where = f"; spooled to {self.spool_path} ({st['calls_spooled']})" if self._spool else ""
+            _log.warning(
+                "otel-weave-exporter: %d call(s) were not delivered to Weave%s",
+                st["calls_failed"],
+                where,
+            )
+
+    # -- internals --------------------------------------------------------------------------------
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for k, v in deltas.items():
+                self._stats[k] += v
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._closed.is_set():
+            return SpanExportResult.FAILURE
+        deadline = time.monotonic() + self.config.timeout_s
+        if not self._lock.acquire(timeout=self.config.timeout_s):
+            return SpanExportResult.FAILURE
+        try:
+            parts, truncated, skipped, bad = self._encode(spans)
+            self._count(
+                spans=len(spans),
+                calls_truncated=truncated,
+                spans_skipped=skipped,
+                spans_untranslatable=bad,
+            )
+            if not parts:
+                return SpanExportResult.SUCCESS if not bad else SpanExportResult.FAILURE
+            return self._deliver(parts, deadline)
+        finally:
+            self._lock.release()
+
+    def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[list[bytes], int, int, int]:
+        tr = self._translator
+        tr.begin_batch()
+        max_call = self.config.max_call_bytes
+        parts: list[bytes] = []
+        truncated = skipped = bad = 0
+        for span in spans:
+            try:
+                call = tr.translate(span)
+                if call is None:
+                    skipped += 1
+                    continue
+                data, cut = encode_call(call, max_call)
+            except Exception:
+                bad += 1
+                _log.exception("otel-weave-exporter: could not translate span %r", span.name)
+                continue
+            truncated += cut
+            parts.append(data)
+        return parts, truncated, skipped, bad
+
+    def _deliver(self, parts: list[bytes], deadline: float) -> SpanExportResult:
+        queue = list(split_batches(parts, self.config.max_request_bytes))
+        ok = True
+        while queue:
+            batch = queue.pop(0)
+            result = self._sender.send(self.config.path, batch_body(batch), deadline)
+            self._count(requests=result.attempts)
+            if result.ok:
+                self._count(calls_sent=len(batch))
+                continue
+            if result.too_large and len(batch) > 1:
+                half = len(batch) // 2
+                queue[:0] = [batch[:half], batch[half:]]
+                continue
+            ok = False
+            failed = batch + [p for b in queue for p in b]
+            queue = []
+            self._undeliverable(failed, result.error)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def _undeliverable(self, parts: list[bytes], error: str) -> None:
+        spooled = self._spool.write(parts) if self._spool is not None else 0
+        self._count(calls_failed=len(parts), calls_spooled=spooled)
+        _log.warning(
+            "otel-weave-exporter: %d call(s) not delivered (%s); %d spooled%s",
+            len(parts),
+            error,
+            spooled,
+            f" to {self._spool.path}" if self._spool is not None else " (no spool_dir set)",
+        )

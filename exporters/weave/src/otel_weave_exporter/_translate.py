@@ -1,0 +1,282 @@
+"""One finished OTel span -> one complete Weave call (a plain dict, the wire shape).
+
+The mapping (``docs/weave.md`` has the table):
+
+* ``id`` = span id (16 hex), ``trace_id`` = trace id (32 hex), ``parent_id`` = parent span id;
+  a span marked ``otel_verl.trajectory_child`` becomes a root (``parent_id`` None) because the
+  trajectory span itself is dropped, the tree shape verl's weave backend produces. With
+  ``keep_trajectory_spans`` the trajectory span is a call too and nothing is re-parented.
+* ``op_name`` = the span name as a plain string (what Weave's own OTel ingestion does), shortened
+  to 128 chars with a hash suffix when longer.
+* ``inputs`` / ``output`` from ``input.value`` / ``output.value`` (JSON parsed when it is JSON),
+  falling back to ``gen_ai.input.messages`` / ``gen_ai.output.messages``.
+* ``attributes``: every ``rollout.X`` span attribute as ``X`` (verl's names), plus the rest of the
+  span under ``attributes.otel`` (kind, scope, attributes, resource) unless disabled.
+* ``summary.usage[model]`` from ``gen_ai.usage.*``; children's usage is rolled up into their
+  parent's summary when the parent is exported later by the same exporter (as the weave client
+  does for nested calls).
+* ``exception`` from the last ``exception`` event (or the ERROR status description).
+* ``wb_run_step`` = ``rollout.step``; ``wb_run_id`` = the active wandb run, if any.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import sys
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import StatusCode
+
+from otel_weave_exporter import _conventions as c
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_USAGE_ROLLUP_MAX = 100_000
+
+
+def iso_time(ns: int | None) -> str:
+    """Nanoseconds since the epoch -> ISO 8601 UTC with microseconds (exact, no float)."""
+    if not ns:
+        ns = 0
+    t = _EPOCH + datetime.timedelta(microseconds=ns // 1000)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_payload(value: Any) -> Any:
+    """A payload attribute as Python: JSON text parsed, anything else kept as it is."""
+    if isinstance(value, str):
+        s = value.lstrip()
+        if s[:1] in ("{", "[", '"') or s in ("null", "true", "false") or s[:1].isdigit():
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+        return value
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def shorten(name: str, limit: int) -> str:
+    """``name`` cut to ``limit`` chars, with a 4-hex hash so different long names stay apart."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:4]
+    return name[: limit - 6] + "…:" + digest  # 1-char ellipsis + ':' + 4 hex = 6 chars
+
+
+def current_wandb_run_id() -> str | None:
+    """The id of the wandb run active in this process, without importing wandb."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None:
+        return None
+    try:
+        run = getattr(wandb, "run", None)
+        run_id = getattr(run, "id", None) if run is not None else None
+    except Exception:  # a half-torn-down wandb must not break export
+        return None
+    return str(run_id) if run_id else None
+
+
+class Translator:
+    """Stateful span -> call translation for one project.
+
+    State: the usage rollup (children's token usage waiting for their parent), bounded.
+    Not thread-safe: the exporter calls it under its lock.
+    """
+
+    def __init__(
+        self,
+        entity: str,
+        project: str,
+        *,
+        keep_trajectory_spans: bool = False,
+        include_otel_attributes: bool = True,
+        usage_rollup: bool = True,
+    ) -> None:
+        self.entity = entity
+        self.project = project
+        self.project_id = f"{entity}/{project}"
+        self.keep_trajectory_spans = keep_trajectory_spans
+        self.include_otel_attributes = include_otel_attributes
+        self.usage_rollup = usage_rollup
+        self._pending_usage: OrderedDict[str, dict[str, dict[str, int]]] = OrderedDict()
+        self._resource_cache: tuple[int, dict[str, Any]] | None = None
+        self._wb_run_id: str | None = None
+
+    def begin_batch(self) -> None:
+        """Look up per-batch context once (the active wandb run)."""
+        run_id = current_wandb_run_id()
+        self._wb_run_id = f"{self.entity}/{self.project}/{run_id}" if run_id else None
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _resource_dict(self, span: ReadableSpan) -> dict[str, Any]:
+        res = span.resource
+        cached = self._resource_cache
+        if cached is not None and cached[0] == id(res):
+            return cached[1]
+        attrs = {
+            k: _plain(v)
+            for k, v in (res.attributes.items() if res is not None else ())
+            if not k.startswith("telemetry.sdk.")
+        }
+        self._resource_cache = (id(res), attrs)
+        return attrs
+
+    def _take_usage(self, span_id: str) -> dict[str, dict[str, int]] | None:
+        return self._pending_usage.pop(span_id, None) if self._pending_usage else None
+
+    def _give_usage(self, parent_id: str, usage: Mapping[str, Mapping[str, int]]) -> None:
+        pending = self._pending_usage.get(parent_id)
+        if pending is None:
+            pending = {}
+            self._pending_usage[parent_id] = pending
+            if len(self._pending_usage) > _USAGE_ROLLUP_MAX:
+                self._pending_usage.popitem(last=False)
+        _merge_usage(pending, usage)
+
+    # -- the mapping ------------------------------------------------------------------------------
+    def translate(self, span: ReadableSpan) -> dict[str, Any] | None:
+        """The complete call for ``span``, or None when the span is dropped (trajectory span)."""
+        ctx = span.context
+        span_id = format(ctx.span_id, "016x")
+        parent = span.parent
+        parent_id = format(parent.span_id, "016x") if parent is not None else None
+        attrs = span.attributes or {}
+
+        if attrs.get(c.OTEL_VERL_TRAJECTORY) and not self.keep_trajectory_spans:
+            self._take_usage(span_id)  # nobody will show it: the trajectory has no call
+            return None
+        if attrs.get(c.OTEL_VERL_TRAJECTORY_CHILD) and not self.keep_trajectory_spans:
+            parent_id = None
+
+        call_attrs: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        inputs: Any = None
+        output: Any = None
+        in_tok = out_tok = None
+        model = None
+        for key, value in attrs.items():
+            if key.startswith(c.ROLLOUT_PREFIX):
+                call_attrs[key[len(c.ROLLOUT_PREFIX) :]] = _plain(value)
+                continue
+            if key == c.INPUT_VALUE:
+                inputs = _parse_payload(value)
+            elif key == c.OUTPUT_VALUE:
+                output = _parse_payload(value)
+            elif key == c.GEN_AI_USAGE_INPUT_TOKENS:
+                in_tok = value
+            elif key == c.GEN_AI_USAGE_OUTPUT_TOKENS:
+                out_tok = value
+            elif key == c.GEN_AI_RESPONSE_MODEL:
+                model = value
+            elif key == c.GEN_AI_REQUEST_MODEL and model is None:
+                model = value
+            if key not in c.CONSUMED_KEYS:
+                rest[key] = _plain(value)
+
+        if inputs is None and c.GEN_AI_INPUT_MESSAGES in attrs:
+            inputs = {"messages": _parse_payload(attrs[c.GEN_AI_INPUT_MESSAGES])}
+        if not isinstance(inputs, dict):
+            inputs = {} if inputs is None else {"input": inputs}
+        if output is None and c.GEN_AI_OUTPUT_MESSAGES in attrs:
+            output = {"messages": _parse_payload(attrs[c.GEN_AI_OUTPUT_MESSAGES])}
+
+        if self.include_otel_attributes:
+            call_attrs["otel"] = {
+                "span_kind": span.kind.name,
+                "scope": span.instrumentation_scope.name if span.instrumentation_scope else None,
+                "attributes": rest,
+                "resource": self._resource_dict(span),
+            }
+
+        # usage: own + what finished children left for us; then hand the total to our parent
+        usage: dict[str, dict[str, int]] = {}
+        if in_tok is not None or out_tok is not None:
+            p, q = int(in_tok or 0), int(out_tok or 0)
+            usage[str(model or "unknown")] = {
+                "prompt_tokens": p,
+                "completion_tokens": q,
+                "total_tokens": p + q,
+                "requests": 1,
+            }
+        if self.usage_rollup:
+            children = self._take_usage(span_id)
+            if children:
+                _merge_usage(usage, children)
+            if usage and parent is not None and not parent.is_remote:
+                # roll up through a dropped trajectory span too: its children are roots then,
+                # and the trajectory span itself takes (and discards) the total
+                self._give_usage(format(parent.span_id, "016x"), usage)
+        summary: dict[str, Any] = {"usage": usage} if usage else {}
+
+        exception = _exception_text(span)
+
+        name = span.name
+        op_name = shorten(name, c.MAX_OP_NAME_CHARS)
+        display = attrs.get(c.WANDB_DISPLAY_NAME)
+        if display is None and op_name != name:
+            display = name
+        step = call_attrs.get("step")
+
+        return {
+            "project_id": self.project_id,
+            "id": span_id,
+            "trace_id": format(ctx.trace_id, "032x"),
+            "parent_id": parent_id,
+            "op_name": op_name,
+            "display_name": shorten(str(display), c.MAX_DISPLAY_NAME_CHARS) if display else None,
+            "started_at": iso_time(span.start_time),
+            "ended_at": iso_time(span.end_time or span.start_time),
+            "attributes": call_attrs,
+            "inputs": inputs,
+            "output": output,
+            "summary": summary,
+            "exception": exception,
+            "wb_run_id": self._wb_run_id,
+            "wb_run_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+        }
+
+
+def _merge_usage(into: dict[str, dict[str, int]], other: Mapping[str, Mapping[str, int]]) -> None:
+    for model, counts in other.items():
+        mine = into.get(model)
+        if mine is None:
+            into[model] = dict(counts)
+        else:
+            for k, v in counts.items():
+                mine[k] = mine.get(k, 0) + v
+
+
+def _exception_text(span: ReadableSpan) -> str | None:
+    """Weave's exception string (JSON with type/message) when the span failed, else None."""
+    status = span.status
+    failed = status.status_code is StatusCode.ERROR
+    event_attrs = None
+    for event in reversed(span.events or ()):
+        if event.name == "exception":
+            event_attrs = event.attributes or {}
+            break
+    if not failed and (event_attrs is None or status.status_code is StatusCode.OK):
+        return None
+    if event_attrs is not None:
+        qualified = str(event_attrs.get("exception.type", "Exception"))
+        doc = {
+            # weave's clients write the class name; OTel records module.Class
+            "type": qualified.rsplit(".", 1)[-1],
+            "message": str(event_attrs.get("exception.message", "")),
+        }
+        stack = event_attrs.get("exception.stacktrace")
+        if stack:
+            doc["stacktrace"] = str(stack)
+    else:
+        doc = {"type": "Error", "message": status.description or ""}
+    return json.dumps(doc, ensure_ascii=False)

@@ -1,0 +1,143 @@
+"""Weave's own trace server (weave 0.52.42 SqliteTraceServer behind its ExternalTraceServer
+adapter, as the hosted service layers them) behind a small HTTP shim on 127.0.0.1.
+
+The shim does what the hosted HTTP layer does for the routes the exporter uses: checks the Basic
+auth header, validates the body with weave's own request model (``tsi.CallsUpsertCompleteReq``),
+checks that every call's ``project_id`` matches the URL, and hands the request to the real server
+method. It can also inject faults (a list of statuses to answer before serving normally).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pydantic
+from weave.trace_server import trace_server_interface as tsi
+from weave.trace_server.external_to_internal_trace_server_adapter import (
+    ExternalTraceServer,
+    IdConverter,
+)
+from weave.trace_server.sqlite_trace_server import SqliteTraceServer
+
+_COMPLETE = re.compile(r"^/v2/([^/]+)/([^/]+)/calls/complete$")
+
+
+class B64IdConverter(IdConverter):
+    """External ids <-> internal ids, reversible (the hosted service maps names to ids)."""
+
+    def ext_to_int_project_id(self, project_id: str) -> str:
+        return base64.b64encode(project_id.encode()).decode()
+
+    def int_to_ext_project_id(self, project_id: str) -> str | None:
+        return base64.b64decode(project_id.encode()).decode()
+
+    def ext_to_int_run_id(self, run_id: str) -> str:
+        return "run:" + run_id
+
+    def int_to_ext_run_id(self, run_id: str) -> str:
+        return run_id.removeprefix("run:")
+
+    def ext_to_int_user_id(self, user_id: str) -> str:
+        return user_id
+
+    def int_to_ext_user_id(self, user_id: str) -> str:
+        return user_id
+
+
+def make_server(db_path: str) -> ExternalTraceServer:
+    internal = SqliteTraceServer(db_path)
+    internal.drop_tables()
+    internal.setup_tables()
+    return ExternalTraceServer(internal, B64IdConverter())
+
+
+class WeaveShim:
+    """HTTP front for a trace server object. Use as a context manager."""
+
+    def __init__(self, server: Any, api_key: str) -> None:
+        self.server = server
+        self.expected_auth = "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()
+        self.faults: list[int] = []  # statuses to answer (in order) before serving normally
+        self.requests: list[dict[str, Any]] = []  # path, auth, n calls, status
+        self._lock = threading.Lock()
+        shim = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, doc: Any) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length", "0"))
+                raw = self.rfile.read(length)
+                status, doc = shim._handle(self.path, self.headers.get("Authorization"), raw)
+                self._answer(status, doc)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def _handle(self, path: str, auth: str | None, raw: bytes) -> tuple[int, Any]:
+        record: dict[str, Any] = {"path": path, "auth_ok": auth == self.expected_auth, "bytes": len(raw)}
+        with self._lock:
+            self.requests.append(record)
+            fault = self.faults.pop(0) if self.faults else None
+        if fault is not None:
+            record["status"] = fault
+            return fault, {"reason": "injected fault"}
+        if auth != self.expected_auth:
+            record["status"] = 401
+            return 401, {"reason": "bad auth"}
+        m = _COMPLETE.match(path)
+        if not m:
+            record["status"] = 404
+            return 404, {"reason": f"no route {path}"}
+        try:
+            req = tsi.CallsUpsertCompleteReq.model_validate_json(raw)
+        except pydantic.ValidationError as exc:
+            record["status"] = 400
+            return 400, {"reason": str(exc)[:2000]}
+        project_id = f"{m.group(1)}/{m.group(2)}"
+        record["calls"] = len(req.batch)
+        if any(item.project_id != project_id for item in req.batch):
+            record["status"] = 400
+            return 400, {"reason": "project_id does not match the URL"}
+        with self._lock:  # sqlite server: one writer at a time
+            self.server.calls_complete(req)
+        record["status"] = 200
+        return 200, {}
+
+    def __enter__(self) -> WeaveShim:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- query helpers (Weave's own query API) ----------------------------------------------------
+    def calls(self, project_id: str, **filter_and_query: Any) -> list[tsi.CallSchema]:
+        flt = {k: v for k, v in filter_and_query.items() if k != "query"}
+        req = tsi.CallsQueryReq(
+            project_id=project_id,
+            filter=tsi.CallsFilter(**flt) if flt else None,
+            query=tsi.Query(**{"$expr": filter_and_query["query"]})
+            if "query" in filter_and_query
+            else None,
+        )
+        return list(self.server.calls_query(req).calls)
