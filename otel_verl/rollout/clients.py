@@ -1,0 +1,500 @@
+"""Async HTTP clients for vLLM and SGLang that carry the trajectory's trace into the engine.
+
+Usage::
+
+    async with VLLMCompletionsClient("http://127.0.0.1:8000", model="tiny") as client:
+        out = await client.generate("traj-0", prompt_ids=ids, sampling_params={"max_tokens": 64})
+        out.token_ids, out.log_probs, out.finish_reason
+
+Clients (all ``httpx.AsyncClient`` underneath, one connection pool per client object):
+
+=========================  ==========================================  ============================
+class                      endpoint                                    trace context sent as
+=========================  ==========================================  ============================
+``VLLMCompletionsClient``  vLLM ``/v1/completions``, token-id prompt,  ``traceparent`` header
+                           ``return_token_ids`` (token in, token out)
+``VLLMGenerateClient``     vLLM ``/inference/v1/generate`` (server     ``traceparent`` header
+                           started with ``--enable-scale-out``)
+``SGLangClient``           SGLang native ``/generate`` (``input_ids``)  header and body field
+                                                                       ``external_trace_header``
+``OpenAIChatClient``       ``/v1/chat/completions`` (vLLM or SGLang)   ``traceparent`` header
+=========================  ==========================================  ============================
+
+Tracing per call: the ``generate``/``chat`` method is a ``rollout_trace_op`` (verl traces its LLM
+client's ``generate`` the same way) and, inside it, a GenAI ``chat {model}`` span of kind CLIENT
+(``gen_ai.request.*`` sampling parameters, ``gen_ai.usage.*``, ``gen_ai.response.finish_reasons``,
+``openinference.span.kind = LLM``). The request is sent while that span is current, so the
+engine's own request span (vLLM ``llm_request``) becomes its child, in the trajectory's trace.
+
+``sampling_params`` keys understood (verl's names; unknown keys are ignored): ``max_tokens`` (or
+``max_new_tokens``), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``,
+``repetition_penalty``, ``logprobs`` (bool: return the sampled tokens' logprobs), and
+``structured_outputs`` (vLLM's field: ``{"regex": ...}``/``{"json": ...}``/``{"grammar": ...}``;
+translated to SGLang's ``regex``/``json_schema``/``ebnf``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from opentelemetry.trace import Span, SpanKind
+
+import otel_verl
+from otel_verl import semconv
+from otel_verl.semconv import GenAIOperation, SpanKindName
+
+__all__ = [
+    "AsyncLLMClient",
+    "AsyncTokenClient",
+    "ChatOutput",
+    "EngineError",
+    "OpenAIChatClient",
+    "SGLangClient",
+    "TokenOutput",
+    "VLLMCompletionsClient",
+    "VLLMGenerateClient",
+]
+
+
+class EngineError(RuntimeError):
+    """The engine answered with an error status or an answer this client cannot read."""
+
+
+@dataclass
+class TokenOutput:
+    """One generation: token ids (and logprobs if asked for), like verl's ``TokenOutput``."""
+
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    response_id: str | None = None
+    text: str | None = None
+
+
+@dataclass
+class ChatOutput:
+    """One chat completion: assistant content, parsed tool calls (if the server parsed any)."""
+
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    response_id: str | None = None
+    token_ids: list[int] | None = None
+
+
+def _max_tokens(sp: Mapping[str, Any]) -> int | None:
+    value = sp.get("max_tokens", sp.get("max_new_tokens"))
+    return None if value is None else int(value)
+
+
+_REQUEST_ATTRS = (
+    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE, float),
+    ("top_p", semconv.GEN_AI_REQUEST_TOP_P, float),
+    ("top_k", semconv.GEN_AI_REQUEST_TOP_K, int),
+)
+
+
+class AsyncLLMClient:
+    """Base: connection pool, the GenAI span around each request, the trace headers.
+
+    Args:
+        base_url: the engine's address, e.g. ``http://127.0.0.1:8000``.
+        model: the served model name (goes into the request and the span name).
+        timeout_s: per-request timeout.
+        max_connections: size of the connection pool.
+        headers: extra headers for every request (e.g. an API key).
+        tokenizer: optional; with ``token2text`` on, the traced ``generate`` output gets the
+            decoded prompt/response text (otel_verl reads ``self.tokenizer``).
+    """
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout_s: float = 120.0,
+        max_connections: int = 64,
+        headers: Mapping[str, str] | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._headers = dict(headers or {})
+        self._http: httpx.AsyncClient | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The pooled client, created on first use (inside the running event loop)."""
+        if self._http is None or self._http.is_closed:
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url,
+                timeout=self._timeout,
+                limits=self._limits,
+                headers=self._headers,
+            )
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def __aenter__(self) -> AsyncLLMClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- tracing helpers -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _chat_span(self, sp: Mapping[str, Any], conversation_id: str | None) -> Iterator[Span]:
+        """The GenAI ``chat {model}`` CLIENT span; current while the request is sent."""
+        attrs: dict[str, Any] = {}
+        if otel_verl.is_recording():
+            attrs = {
+                semconv.GEN_AI_OPERATION_NAME: GenAIOperation.CHAT,
+                semconv.GEN_AI_PROVIDER_NAME: self.provider,
+                semconv.GEN_AI_REQUEST_MODEL: self.model,
+                semconv.OPENINFERENCE_SPAN_KIND: SpanKindName.LLM,
+            }
+            for key, attr, cast in _REQUEST_ATTRS:
+                if sp.get(key) is not None:
+                    attrs[attr] = cast(sp[key])
+            max_tokens = _max_tokens(sp)
+            if max_tokens is not None:
+                attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+            if conversation_id:
+                attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
+        tracer = otel_verl.get_tracer()
+        with tracer.start_as_current_span(
+            f"{GenAIOperation.CHAT} {self.model}",
+            kind=SpanKind.CLIENT,
+            attributes=attrs,
+            record_exception=True,
+            set_status_on_exception=True,
+        ) as span:
+            yield span
+
+    @staticmethod
+    def _finish_span(
+        span: Span,
+        *,
+        finish_reason: str | None,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        response_id: str | None,
+        response_model: str | None,
+    ) -> None:
+        if not span.is_recording():
+            return
+        attrs: dict[str, Any] = {}
+        if finish_reason:
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [finish_reason]
+        if prompt_tokens is not None:
+            attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = int(prompt_tokens)
+        if completion_tokens is not None:
+            attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = int(completion_tokens)
+        if response_id:
+            attrs[semconv.GEN_AI_RESPONSE_ID] = str(response_id)
+        if response_model:
+            attrs[semconv.GEN_AI_RESPONSE_MODEL] = str(response_model)
+        span.set_attributes(attrs)
+
+    def _request_headers(self) -> dict[str, str]:
+        """W3C headers of the current span (the chat span): how the engine joins the trace."""
+        return otel_verl.traceparent_headers()
+
+    async def _post(
+        self, path: str, body: dict[str, Any], headers: Mapping[str, str]
+    ) -> dict[str, Any]:
+        response = await self.http.post(path, json=body, headers=dict(headers))
+        if response.status_code >= 400:
+            raise EngineError(
+                f"{self.provider} {path} answered {response.status_code}: {response.text[:500]}"
+            )
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise EngineError(f"{self.provider} {path} answered non-JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise EngineError(f"{self.provider} {path} answered {type(data).__name__}, not object")
+        return data
+
+
+class AsyncTokenClient(AsyncLLMClient):
+    """Token in, token out: verl's ``generate(request_id, *, prompt_ids, sampling_params)``."""
+
+    @otel_verl.rollout_trace_op
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+    ) -> TokenOutput:
+        """Generate a continuation of ``prompt_ids``; ``request_id`` is the trajectory's id."""
+        with self._chat_span(sampling_params, request_id) as span:
+            out = await self._generate(
+                request_id, list(prompt_ids), sampling_params, self._request_headers()
+            )
+            self._finish_span(
+                span,
+                finish_reason=out.finish_reason,
+                prompt_tokens=out.prompt_tokens if out.prompt_tokens is not None
+                else len(prompt_ids),
+                completion_tokens=out.completion_tokens if out.completion_tokens is not None
+                else len(out.token_ids),
+                response_id=out.response_id,
+                response_model=self.model,
+            )
+        return out
+
+    async def _generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sp: Mapping[str, Any],
+        headers: Mapping[str, str],
+    ) -> TokenOutput:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _vllm_sampling(sp: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for key in ("temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty"):
+        if sp.get(key) is not None:
+            body[key] = sp[key]
+    max_tokens = _max_tokens(sp)
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if sp.get("structured_outputs"):
+        body["structured_outputs"] = dict(sp["structured_outputs"])
+    return body
+
+
+class VLLMCompletionsClient(AsyncTokenClient):
+    """vLLM ``/v1/completions`` with a token-id prompt and ``return_token_ids`` (no server flag)."""
+
+    provider = "vllm"
+
+    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+        body = {"model": self.model, "prompt": prompt_ids, "return_token_ids": True}
+        body.update(_vllm_sampling(sp))
+        if sp.get("logprobs"):
+            body["logprobs"] = 0  # the sampled token's logprob only
+        body["skip_special_tokens"] = False
+        data = await self._post("/v1/completions", body, headers)
+        try:
+            choice = data["choices"][0]
+            token_ids = [int(t) for t in choice["token_ids"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineError(f"vllm completions answer without token_ids: {exc!r}") from exc
+        log_probs = None
+        lp = choice.get("logprobs")
+        if sp.get("logprobs") and isinstance(lp, dict) and lp.get("token_logprobs") is not None:
+            log_probs = [float(x) if x is not None else 0.0 for x in lp["token_logprobs"]]
+        usage = data.get("usage") or {}
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            response_id=data.get("id"),
+            text=choice.get("text"),
+        )
+
+
+class VLLMGenerateClient(AsyncTokenClient):
+    """vLLM ``/inference/v1/generate`` (exists only when the server has ``--enable-scale-out``)."""
+
+    provider = "vllm"
+
+    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+        sampling = _vllm_sampling(sp)
+        if sp.get("logprobs"):
+            sampling["logprobs"] = 0
+        body = {"model": self.model, "token_ids": prompt_ids, "sampling_params": sampling}
+        data = await self._post("/inference/v1/generate", body, headers)
+        try:
+            choice = data["choices"][0]
+            token_ids = [int(t) for t in choice["token_ids"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineError(f"vllm generate answer without token_ids: {exc!r}") from exc
+        log_probs = _generate_logprobs(choice.get("logprobs")) if sp.get("logprobs") else None
+        usage = data.get("usage") or {}
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens", len(prompt_ids)),
+            completion_tokens=usage.get("completion_tokens", len(token_ids)),
+            response_id=data.get("request_id") or data.get("id"),
+        )
+
+
+def _generate_logprobs(lp: Any) -> list[float] | None:
+    """``/inference/v1/generate`` logprobs: ``{"content": [{"logprob": x}, ...]}`` or a list."""
+    if isinstance(lp, dict):
+        lp = lp.get("content", lp.get("token_logprobs"))
+    if not isinstance(lp, list):
+        return None
+    out: list[float] = []
+    for item in lp:
+        if isinstance(item, dict):
+            out.append(float(item.get("logprob", 0.0)))
+        elif isinstance(item, (int, float)):
+            out.append(float(item))
+        else:
+            return None
+    return out
+
+
+def _sglang_sampling(sp: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for key in ("temperature", "top_p", "top_k", "stop", "repetition_penalty"):
+        if sp.get(key) is not None:
+            body[key] = sp[key]
+    if sp.get("seed") is not None:
+        body["sampling_seed"] = sp["seed"]
+    max_tokens = _max_tokens(sp)
+    if max_tokens is not None:
+        body["max_new_tokens"] = max_tokens
+    so = sp.get("structured_outputs") or {}
+    if "regex" in so:
+        body["regex"] = so["regex"]
+    elif "json" in so:
+        schema = so["json"]
+        body["json_schema"] = schema if isinstance(schema, str) else json.dumps(schema)
+    elif "grammar" in so:
+        body["ebnf"] = so["grammar"]
+    body["skip_special_tokens"] = False
+    return body
+
+
+class SGLangClient(AsyncTokenClient):
+    """SGLang native ``/generate`` with ``input_ids``.
+
+    SGLang reads the trace context from ``GenerateReqInput.external_trace_header`` first and from
+    the HTTP ``traceparent``/``tracestate`` headers otherwise (``--enable-trace`` on the server);
+    this client sends both, so it works with either code path.
+    """
+
+    provider = "sglang"
+
+    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+        body: dict[str, Any] = {
+            "input_ids": prompt_ids,
+            "sampling_params": _sglang_sampling(sp),
+            "return_logprob": bool(sp.get("logprobs")),
+            "stream": False,
+            # a rid must be unique while in flight; keep the trajectory id as its prefix
+            "rid": f"{request_id}-{uuid.uuid4().hex[:12]}",
+        }
+        if headers:
+            body["external_trace_header"] = dict(headers)
+        data = await self._post("/generate", body, headers)
+        meta = data.get("meta_info") or {}
+        try:
+            token_ids = [int(t) for t in data["output_ids"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"sglang /generate answer without output_ids: {exc!r}") from exc
+        log_probs = None
+        if sp.get("logprobs") and isinstance(meta.get("output_token_logprobs"), list):
+            log_probs = [float(item[0]) for item in meta["output_token_logprobs"]]
+        finish = meta.get("finish_reason")
+        finish_reason = finish.get("type") if isinstance(finish, dict) else finish
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            finish_reason=finish_reason,
+            prompt_tokens=meta.get("prompt_tokens"),
+            completion_tokens=meta.get("completion_tokens"),
+            response_id=meta.get("id"),
+            text=data.get("text"),
+        )
+
+
+class OpenAIChatClient(AsyncLLMClient):
+    """``/v1/chat/completions`` on vLLM (``provider="vllm"``) or SGLang (``provider="sglang"``).
+
+    Messages in, assistant message out (the server applies the chat template and, when started
+    with a tool-call parser, returns parsed ``tool_calls``).
+    """
+
+    def __init__(self, base_url: str, model: str, *, provider: str = "vllm", **kwargs: Any):
+        super().__init__(base_url, model, **kwargs)
+        self.provider = provider
+
+    @otel_verl.rollout_trace_op
+    async def chat(
+        self,
+        request_id: str,
+        *,
+        messages: list[dict[str, Any]],
+        sampling_params: dict[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ChatOutput:
+        """One chat completion for ``messages``; ``request_id`` is the conversation id."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        so = sampling_params.get("structured_outputs")
+        if self.provider == "sglang":
+            sampling = _sglang_sampling(sampling_params)
+            sampling.pop("skip_special_tokens", None)
+            if "max_new_tokens" in sampling:
+                sampling["max_tokens"] = sampling.pop("max_new_tokens")
+            if "sampling_seed" in sampling:
+                sampling["seed"] = sampling.pop("sampling_seed")
+            body.update(sampling)
+        else:
+            body.update(_vllm_sampling(sampling_params))
+            body["return_token_ids"] = True
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = sampling_params.get("tool_choice", "auto")
+        if so and self.provider != "sglang":
+            body["structured_outputs"] = dict(so)
+        with self._chat_span(sampling_params, request_id) as span:
+            data = await self._post("/v1/chat/completions", body, self._request_headers())
+            try:
+                choice = data["choices"][0]
+                message = choice["message"]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise EngineError(f"chat answer without choices[0].message: {exc!r}") from exc
+            usage = data.get("usage") or {}
+            out = ChatOutput(
+                content=message.get("content") or "",
+                tool_calls=list(message.get("tool_calls") or []),
+                finish_reason=choice.get("finish_reason"),
+                prompt_tokens=usage.get("prompt_tokens"),
+                completion_tokens=usage.get("completion_tokens"),
+                response_id=data.get("id"),
+                token_ids=choice.get("token_ids"),
+            )
+            self._finish_span(
+                span,
+                finish_reason=out.finish_reason,
+                prompt_tokens=out.prompt_tokens,
+                completion_tokens=out.completion_tokens,
+                response_id=out.response_id,
+                response_model=data.get("model"),
+            )
+        return out

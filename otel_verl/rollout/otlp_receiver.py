@@ -1,0 +1,239 @@
+"""A tiny OTLP/HTTP trace receiver on 127.0.0.1 (for engine spans in the demo and the tests).
+
+Usage::
+
+    with OTLPReceiver() as receiver:                       # or OTLPReceiver(store_dir="traces")
+        receiver.traces_url  # "http://127.0.0.1:<port>/v1/traces" -> give it to vLLM
+        ...
+        spans = receiver.wait_for(lambda spans: any(s["name"] == "llm_request" for s in spans))
+
+Accepts ``POST /v1/traces`` with an ``ExportTraceServiceRequest`` in protobuf
+(``application/x-protobuf``, optionally gzip) or OTLP/JSON (``application/json``), answers an empty
+``ExportTraceServiceResponse``. Received spans are kept in memory as plain dicts (the same shape
+``otel_verl.store.read_spans`` yields: ``name, trace_id, span_id, parent_span_id, kind, start_ns,
+end_ns, attributes, status, events, resource, scope``) and, with ``store_dir``, appended to a file
+of the local store as OTLP/JSON lines (``otel_verl-engine-<host>-<pid>.jsonl``), so engine spans
+sit next to the rollout's own spans and ``otel-verl traces`` shows them in the same trace.
+
+Standard library HTTP server in a daemon thread; only ``opentelemetry-proto`` is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+__all__ = ["OTLPReceiver", "request_to_otlp_json"]
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _hex_ids(obj: Any) -> None:
+    """OTLP/JSON writes ids as hex; protobuf's JSON mapping writes bytes as base64: fix in place."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                obj[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            _hex_ids(item)
+
+
+def request_to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
+    """An ``ExportTraceServiceRequest`` in OTLP/JSON form (the collector file-exporter format)."""
+    data = json_format.MessageToDict(request, use_integers_for_enums=True)
+    _hex_ids(data)
+    return data
+
+
+def _any_value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def _attrs(kvs: Any) -> dict[str, Any]:
+    return {kv.key: _any_value(kv.value) for kv in kvs}
+
+
+def _plain_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
+    out = []
+    for rs in request.resource_spans:
+        resource = _attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                out.append(
+                    {
+                        "name": span.name,
+                        "trace_id": span.trace_id.hex(),
+                        "span_id": span.span_id.hex(),
+                        "parent_span_id": span.parent_span_id.hex() or None,
+                        "kind": int(span.kind),
+                        "start_ns": int(span.start_time_unix_nano),
+                        "end_ns": int(span.end_time_unix_nano),
+                        "attributes": _attrs(span.attributes),
+                        "status": {"code": int(span.status.code), "message": span.status.message},
+                        "events": [
+                            {"name": e.name, "time_ns": int(e.time_unix_nano),
+                             "attributes": _attrs(e.attributes)}
+                            for e in span.events
+                        ],
+                        "resource": resource,
+                        "scope": ss.scope.name,
+                    }
+                )  # fmt: skip
+    return out
+
+
+class OTLPReceiver:
+    """See the module docstring. Args: ``port`` (0 = any free one), ``store_dir`` (optional)."""
+
+    def __init__(self, port: int = 0, *, store_dir: str | os.PathLike[str] | None = None) -> None:
+        self._lock = threading.Condition()
+        self._spans: list[dict[str, Any]] = []
+        self.requests = 0
+        self.errors: list[str] = []
+        self.store_dir = Path(store_dir) if store_dir is not None else None
+        self.store_file: Path | None = None
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                try:
+                    if (self.headers.get("Content-Encoding") or "").lower() == "gzip":
+                        body = gzip.decompress(body)
+                    if self.path.rstrip("/") != "/v1/traces":
+                        self._answer(404, b"", "text/plain")
+                        return
+                    ctype = (self.headers.get("Content-Type") or "").lower()
+                    request = ExportTraceServiceRequest()
+                    if "json" in ctype:
+                        json_format.Parse(body, request, ignore_unknown_fields=True)
+                    else:
+                        request.ParseFromString(body)
+                    receiver._accept(request)
+                except Exception as exc:  # a bad request must not kill the receiver
+                    receiver.errors.append(repr(exc))
+                    self._answer(400, str(exc).encode(), "text/plain")
+                    return
+                if "json" in ctype:
+                    self._answer(200, b"{}", "application/json")
+                else:
+                    payload = ExportTraceServiceResponse().SerializeToString()
+                    self._answer(200, payload, "application/x-protobuf")
+
+            def _answer(self, code: int, payload: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def traces_url(self) -> str:
+        return f"{self.endpoint}/v1/traces"
+
+    def start(self) -> OTLPReceiver:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._server.serve_forever, name="otlp-receiver", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._server.server_close()
+
+    def __enter__(self) -> OTLPReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- data ----------------------------------------------------------------------------------
+    def _accept(self, request: ExportTraceServiceRequest) -> None:
+        spans = _plain_spans(request)
+        if self.store_dir is not None and spans:
+            line = json.dumps(request_to_otlp_json(request), separators=(",", ":"))
+            with self._lock:
+                if self.store_file is None:
+                    self.store_dir.mkdir(parents=True, exist_ok=True)
+                    name = f"otel_verl-engine-{socket.gethostname()}-{os.getpid()}.jsonl"
+                    self.store_file = self.store_dir / name
+                with open(self.store_file, "a", encoding="utf-8") as fh:
+                    fh.write(line + "\n")
+        with self._lock:
+            self.requests += 1
+            self._spans.extend(spans)
+            self._lock.notify_all()
+
+    def spans(self) -> list[dict[str, Any]]:
+        """A copy of every span received so far."""
+        with self._lock:
+            return list(self._spans)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spans.clear()
+
+    def wait_for(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30.0
+    ) -> list[dict[str, Any]]:
+        """Wait until ``predicate(spans)`` holds; returns the spans (raises TimeoutError)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not predicate(list(self._spans)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"OTLP receiver: condition not met after {timeout_s}s "
+                        f"({len(self._spans)} spans, {self.requests} requests)"
+                    )
+                self._lock.wait(timeout=min(left, 0.5))
+            return list(self._spans)
