@@ -140,7 +140,10 @@ def readable_span(span: dict[str, Any]) -> ReadableSpan:
     code = status.get("code", "UNSET")
     code = StatusCode[code] if isinstance(code, str) else StatusCode(code)
     kind = span.get("kind", "INTERNAL")
-    kind = SpanKind[kind.replace("SPAN_KIND_", "")] if isinstance(kind, str) else SpanKind(kind)
+    if isinstance(kind, str):
+        kind = SpanKind.__members__.get(kind.replace("SPAN_KIND_", ""), SpanKind.INTERNAL)
+    else:
+        kind = SpanKind(max(0, int(kind) - 1))  # OTLP numbers kinds from 1 (INTERNAL)
     scope = span.get("scope") or {}
     return ReadableSpan(
         name=span["name"],
