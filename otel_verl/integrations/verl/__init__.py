@@ -1,0 +1,154 @@
+"""verl integration: verl's own rollout tracing (``verl.utils.rollout_trace``) runs through otel_verl.
+
+No verl code changes. Two ways to switch it on:
+
+Usage (OpenTelemetry's launcher; the ``verl`` entry point of ``opentelemetry_instrumentor``)::
+
+    opentelemetry-instrument python -m verl.trainer.main_ppo ... \\
+        actor_rollout_ref.rollout.trace.backend=otlp
+
+Usage (code, before verl runs)::
+
+    from otel_verl.integrations.verl import install
+    install()
+
+Either way every Python process started afterwards from this one (Ray workers of a local cluster,
+vLLM/SGLang server actors, subprocesses) installs it too, through a tiny ``sitecustomize`` put on
+``PYTHONPATH`` (see ``instrumentation_env``). On a multi-node Ray cluster give the other nodes the
+same environment, or ``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=
+otel_verl.integrations.verl.install``.
+
+Configuration: verl's keys ``actor_rollout_ref.rollout.trace.{backend,token2text,
+max_samples_per_step_per_worker,project_name,experiment_name}``; the backend may be ``file``,
+``otlp``, ``weave``, ``console``, ``none``/null (off), or verl's own ``mlflow``/``trackio`` (handed to
+verl's code unchanged). Everything else (endpoints, trace directory, caps) from otel_verl's
+environment variables. Patched objects are listed in ``otel_verl.integrations.verl._patch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from otel_verl.integrations.verl import _importhook, _patch
+
+__all__ = ["SUPPORTED_VERL", "VerlInstrumentor", "install", "instrumentation_env", "is_installed",
+           "uninstall"]
+
+_log = logging.getLogger("otel_verl")
+
+#: the verl versions this integration is tested with (a pip requirement specifier)
+SUPPORTED_VERL = "verl >= 0.9.1, < 0.10"
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+
+
+def _without_bootstrap(pythonpath: str) -> list[str]:
+    return [p for p in pythonpath.split(os.pathsep)
+            if p and os.path.abspath(p) != BOOTSTRAP_DIR]
+
+
+def instrumentation_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment that makes a new Python process install this integration at startup.
+
+    It puts ``otel_verl/integrations/verl/_bootstrap`` first on ``PYTHONPATH``; its
+    ``sitecustomize`` calls ``install()`` (which only registers import hooks: a process that never
+    imports verl pays a few milliseconds) and then runs any ``sitecustomize`` it shadows.
+
+    Args:
+        environ: the environment to extend (default ``os.environ``).
+
+    Returns:
+        ``{"PYTHONPATH": ...}`` to merge into a subprocess or Ray ``runtime_env`` environment.
+    """
+    environ = os.environ if environ is None else environ
+    rest = _without_bootstrap(environ.get("PYTHONPATH", ""))
+    return {"PYTHONPATH": os.pathsep.join([BOOTSTRAP_DIR, *rest])}
+
+
+def install(*, propagate: bool = True) -> None:
+    """Route ``verl.utils.rollout_trace`` through otel_verl in this process (idempotent).
+
+    Safe to call before or after verl is imported: the patch is applied by an import hook the
+    moment ``verl.utils.rollout_trace`` loads, or right away (re-decorating what verl's decorator
+    already wrapped) if it is loaded.
+
+    Args:
+        propagate: also set ``instrumentation_env()`` in ``os.environ`` so processes started from
+            this one (Ray workers on this node, engine servers) install it at startup.
+    """
+    if _patch.mark_installed():
+        _importhook.when_imported(_patch.RT_MODULE, _patch.patch_rollout_trace)
+        _importhook.when_imported(_patch.AGENT_LOOP_MODULE, _patch.patch_agent_loop)
+        _importhook.when_imported(_patch.BASE_TOOL_MODULE, _patch.patch_base_tool)
+    if propagate:
+        os.environ.update(instrumentation_env())
+
+
+def uninstall() -> None:
+    """Undo ``install()`` in this process: verl's own functions and classes are back in place.
+
+    Functions decorated while installed fall back to verl's original behaviour. The
+    ``PYTHONPATH`` entry is removed, so processes started later do not install it.
+    """
+    _importhook.clear_hooks()
+    _patch.undo_all()
+    rest = _without_bootstrap(os.environ.get("PYTHONPATH", ""))
+    if rest:
+        os.environ["PYTHONPATH"] = os.pathsep.join(rest)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+
+
+def is_installed() -> bool:
+    """True while the integration is installed in this process."""
+    return _patch.is_installed()
+
+
+try:  # the launcher's base class when opentelemetry-instrumentation is there
+    from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+        BaseInstrumentor as _Base,
+    )
+except ImportError:  # pragma: no cover - a small stand-in with the same public methods
+    class _Base:  # type: ignore[no-redef]
+        _instance: Any = None
+        _is_instrumented_by_opentelemetry = False
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            if cls._instance is None:
+                cls._instance = object.__new__(cls)
+            return cls._instance
+
+        @property
+        def is_instrumented_by_opentelemetry(self) -> bool:
+            return self._is_instrumented_by_opentelemetry
+
+        def instrument(self, **kwargs: Any) -> None:
+            if not self._is_instrumented_by_opentelemetry:
+                self._instrument(**kwargs)
+                self._is_instrumented_by_opentelemetry = True
+
+        def uninstrument(self, **kwargs: Any) -> None:
+            if self._is_instrumented_by_opentelemetry:
+                self._uninstrument(**kwargs)
+                self._is_instrumented_by_opentelemetry = False
+
+
+class VerlInstrumentor(_Base):  # type: ignore[misc,valid-type]
+    """OpenTelemetry instrumentor for verl (``opentelemetry-instrument`` loads it by entry point).
+
+    ``VerlInstrumentor().instrument(propagate=True)`` is ``install()``;
+    ``uninstrument()`` is ``uninstall()``. Skipped by the launcher when no supported verl is
+    installed (``instrumentation_dependencies``).
+    """
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return (SUPPORTED_VERL,)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        install(propagate=bool(kwargs.get("propagate", True)))
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        uninstall()
