@@ -106,7 +106,9 @@ def _any_value(value: Any) -> dict[str, Any]:
     if isinstance(value, float):
         if math.isfinite(value):
             return {"doubleValue": value}
-        return {"doubleValue": "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")}
+        if math.isnan(value):
+            return {"doubleValue": "NaN"}
+        return {"doubleValue": "Infinity" if value > 0 else "-Infinity"}
     if isinstance(value, (bytes, bytearray)):
         return {"bytesValue": base64.b64encode(value).decode("ascii")}
     if isinstance(value, Sequence):

@@ -250,8 +250,7 @@ def _enum(value: Any, names: tuple[str, ...], prefix: str) -> str:
         return names[0]
     if isinstance(value, int):
         return names[value] if 0 <= value < len(names) else str(value)
-    text = str(value)
-    return text[len(prefix) :] if text.startswith(prefix) else text
+    return str(value).removeprefix(prefix)
 
 
 def _value(any_value: Any) -> Any:

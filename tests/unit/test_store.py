@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
@@ -90,7 +91,7 @@ def _write_trajectory(tracer, step, sample, rollout=0, validate=False, turns=2, 
 def test_round_trip_preserves_every_field(tmp_path):
     memory = InMemorySpanExporter()
     exporter = FileSpanExporter(tmp_path)
-    provider = _provider(exporter, project="p", **{"num": 7})
+    provider = _provider(exporter, project="p", num=7)
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("my.scope", "9.9")
     attrs = {
@@ -178,9 +179,8 @@ def _store_with_two_lines(tmp_path):
 
 def test_truncated_last_line_is_skipped_and_counted(tmp_path, caplog):
     path = _store_with_two_lines(tmp_path)
-    data = open(path, "rb").read()
-    with open(path, "wb") as f:  # a writer that died halfway through its last line
-        f.write(data[: len(data) - 40])
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) - 40])  # a writer that died halfway through a line
     stats = ReadStats()
     with caplog.at_level(logging.WARNING, logger="otel_verl.store"):
         names = [s["name"] for s in read_spans(tmp_path, stats=stats)]
@@ -193,7 +193,7 @@ def test_truncated_last_line_is_skipped_and_counted(tmp_path, caplog):
 
 def test_bad_lines_and_bad_spans_never_stop_the_read(tmp_path):
     good = _store_with_two_lines(tmp_path / "a")
-    lines = open(good, "rb").read().splitlines(keepends=True)
+    lines = Path(good).read_bytes().splitlines(keepends=True)
     bad_span = json.loads(lines[1])
     bad_span["resourceSpans"][0]["scopeSpans"][0]["spans"].append({"name": "no ids"})
     with open(tmp_path / "a" / "mixed.jsonl", "wb") as f:

@@ -1,0 +1,539 @@
+"""``otel-verl``: look at the local trace store from a terminal, and run the rollout demo.
+
+Usage::
+
+    otel-verl traces list [--dir D] [--step N] [--sample-index N] [--rollout-n N]
+                          [--experiment NAME] [--validate | --no-validate] [--json]
+    otel-verl traces show TRACE_ID_PREFIX [--dir D] [--json] [--full]
+    otel-verl traces replay SPOOL_DIR [--to otlp|console] [--endpoint URL]
+                            [--protocol grpc|http/protobuf] [--remove]
+    otel-verl demo [ARGS...]        # otel_verl.rollout.demo (needs the "rollout" extras)
+
+Configuration: ``--dir`` defaults to ``$OTEL_VERL_TRACE_DIR``, else ``./otel_verl_traces`` — the
+same directory ``backend="file"`` writes to. Reading shows progress on stderr for large stores
+(tqdm when installed); ``--progress``/``--no-progress`` force it on or off.
+
+Exit status: 0 success, 1 nothing to show (no store, no matching trace), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from opentelemetry.semconv.attributes import exception_attributes
+
+from otel_verl import semconv
+from otel_verl._file_exporter import ENV_TRACE_DIR, resolve_trace_dir
+from otel_verl.store import (
+    ReadStats,
+    SpanNode,
+    Trajectory,
+    filter_trajectories,
+    group_trajectories,
+    list_files,
+    read_spans,
+)
+
+__all__ = ["main"]
+
+#: characters of an input/output value shown without --full
+PREVIEW_CHARS = 200
+#: stores at least this large show progress by default (when stderr is a terminal)
+PROGRESS_MIN_BYTES = 32 * 1024 * 1024
+_EXCEPTION_EVENT = "exception"
+
+
+# --- reading with progress ----------------------------------------------------------------------
+
+
+class _Progress:
+    """Bytes read so far: a tqdm bar when tqdm is installed, else a counter on stderr."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self._stream = stream
+        self._total = max(total, 1)
+        self._done = 0
+        self._shown = -1
+        try:
+            from tqdm import tqdm  # type: ignore[import-untyped]
+        except ImportError:
+            self._bar = None
+        else:
+            self._bar = tqdm(
+                total=total, unit="B", unit_scale=True, desc="reading traces", file=stream
+            )
+
+    def __call__(self, nbytes: int) -> None:
+        self._done += nbytes
+        if self._bar is not None:
+            self._bar.update(nbytes)
+            return
+        percent = self._done * 100 // self._total
+        if percent != self._shown:
+            self._shown = percent
+            self._stream.write(f"\rreading traces: {self._done >> 20} / {self._total >> 20} MiB "
+                               f"({percent}%)")
+            self._stream.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self._shown >= 0:
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+def _load(args: argparse.Namespace) -> tuple[list[Trajectory], ReadStats] | None:
+    """All trajectories under ``args.dir``; None (after saying why) when there is no store."""
+    directory = args.dir
+    try:
+        files = list_files(directory)
+    except FileNotFoundError:
+        print(f"otel-verl: no traces at {directory} (set --dir or ${ENV_TRACE_DIR})",
+              file=sys.stderr)
+        return None
+    total = 0
+    for path in files:
+        try:
+            total += os.path.getsize(path)
+        except OSError:
+            pass
+    show = args.progress
+    if show is None:
+        show = total >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+    progress = _Progress(total, sys.stderr) if show else None
+    stats = ReadStats()
+    try:
+        spans = list(read_spans(directory, stats=stats, progress=progress, warn=False))
+    finally:
+        if progress is not None:
+            progress.close()
+    if stats.skipped:
+        print(
+            f"otel-verl: skipped {stats.truncated_lines} truncated line(s) (a writer crashed or is "
+            f"still writing), {stats.bad_lines} bad line(s), {stats.bad_spans} bad span(s); "
+            f"first: {stats.problems[0] if stats.problems else '-'}",
+            file=sys.stderr,
+        )
+    return group_trajectories(spans), stats
+
+
+# --- formatting ---------------------------------------------------------------------------------
+
+
+def _duration(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    if ns < 1_000_000:
+        return f"{ns / 1_000:.0f}µs"
+    if ns < 1_000_000_000:
+        return f"{ns / 1_000_000:.1f}ms"
+    seconds = ns / 1e9
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{int(minutes)}m{seconds:04.1f}s"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
+
+
+def _unique_prefix_length(ids: list[str], minimum: int = 12) -> int:
+    """The shortest prefix length (at least ``minimum``) that tells the distinct ids apart."""
+    distinct = sorted(set(ids))
+    width = minimum
+    for a, b in itertools.pairwise(distinct):
+        common = len(os.path.commonprefix([a, b]))
+        width = max(width, common + 1)
+    return min(width, max((len(i) for i in distinct), default=minimum))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return repr(value)
+
+
+def _dump_json(obj: Any, out: TextIO) -> None:
+    json.dump(obj, out, indent=2, ensure_ascii=False, default=_json_default)
+    out.write("\n")
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _pretty(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except (ValueError, TypeError):
+        return text
+
+
+_PAYLOADS = (
+    ("input", semconv.INPUT_VALUE),
+    ("output", semconv.OUTPUT_VALUE),
+)
+_HIDDEN_IN_FULL = {
+    semconv.INPUT_VALUE,
+    semconv.OUTPUT_VALUE,
+    semconv.INPUT_MIME_TYPE,
+    semconv.OUTPUT_MIME_TYPE,
+    *semconv.TRAJECTORY_KEYS,
+    semconv.OTEL_VERL_TRAJECTORY,
+    semconv.OTEL_VERL_TRAJECTORY_CHILD,
+}
+
+
+def _span_lines(span: dict[str, Any], full: bool) -> list[str]:
+    """The detail lines under a span's header line."""
+    lines = []
+    attributes = span["attributes"]
+    for label, key in _PAYLOADS:
+        value = attributes.get(key)
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, default=_json_default)
+        if full:
+            pretty = _pretty(text).splitlines() or [""]
+            lines.append(f"{label}: {pretty[0]}")
+            lines.extend("  " + line for line in pretty[1:])
+        else:
+            lines.append(f"{label}: {_one_line(text, PREVIEW_CHARS)}")
+    if full:
+        for key in sorted(attributes):
+            if key not in _HIDDEN_IN_FULL:
+                lines.append(f"{key} = {json.dumps(attributes[key], default=_json_default)}")
+    for event in span["events"]:
+        ev_attributes = event["attributes"]
+        if event["name"] == _EXCEPTION_EVENT or exception_attributes.EXCEPTION_TYPE in ev_attributes:
+            exc_type = ev_attributes.get(exception_attributes.EXCEPTION_TYPE, "exception")
+            message = ev_attributes.get(exception_attributes.EXCEPTION_MESSAGE, "")
+            lines.append(f"!! {exc_type}: {message}")
+            stacktrace = ev_attributes.get(exception_attributes.EXCEPTION_STACKTRACE)
+            if full and stacktrace:
+                lines.extend("   " + line for line in str(stacktrace).rstrip().splitlines())
+        elif full or event["name"] == semconv.GEN_AI_EVALUATION_RESULT:
+            shown = json.dumps(ev_attributes, ensure_ascii=False, default=_json_default)
+            lines.append(f"event {event['name']} {_one_line(shown, PREVIEW_CHARS) if not full else shown}")
+    status = span["status"]
+    if status["code"] == "ERROR":
+        message = status["message"]
+        if not message or not any(line.startswith("!! ") and message in line for line in lines):
+            lines.append(f"!! status ERROR{': ' + message if message else ''}")
+    return lines
+
+
+def _span_header(span: dict[str, Any]) -> str:
+    parts = [span["name"] or "(unnamed)"]
+    kind = span["attributes"].get(semconv.OPENINFERENCE_SPAN_KIND)
+    if kind:
+        parts.append(f"[{kind}]")
+    if span["start_ns"] is not None and span["end_ns"] is not None:
+        parts.append(_duration(span["end_ns"] - span["start_ns"]))
+    if span["status"]["code"] == "ERROR":
+        parts.append("ERROR")
+    return "  ".join(parts)
+
+
+def _print_tree(tree: list[SpanNode], full: bool, out: TextIO) -> None:
+    stack: list[tuple[SpanNode, str, bool, bool]] = [
+        (node, "", i == len(tree) - 1, True) for i, node in reversed(list(enumerate(tree)))
+    ]
+    while stack:
+        node, prefix, last, top = stack.pop()
+        branch = "" if top else ("└── " if last else "├── ")
+        out.write(f"{prefix}{branch}{_span_header(node.span)}\n")
+        child_prefix = prefix if top else prefix + ("    " if last else "│   ")
+        detail_prefix = child_prefix + ("│   " if node.children else "    ")
+        for line in _span_lines(node.span, full):
+            out.write(f"{detail_prefix}{line}".rstrip() + "\n")
+        count = len(node.children)
+        for i, child in reversed(list(enumerate(node.children))):
+            stack.append((child, child_prefix, i == count - 1, False))
+
+
+def _trajectory_label(trajectory: Trajectory) -> str:
+    fields = [
+        ("experiment", trajectory.experiment),
+        ("step", trajectory.step),
+        ("sample", trajectory.sample_index),
+        ("rollout", trajectory.rollout_n),
+        ("validate", trajectory.validate),
+        ("reward", trajectory.reward),
+        ("turns", trajectory.num_turns),
+    ]
+    shown = " ".join(f"{name}={_cell(value)}" for name, value in fields if value is not None)
+    return (
+        f"trajectory {trajectory.name!r} {shown}  {len(trajectory.spans)} spans  "
+        f"{_duration(trajectory.duration_ns)}  {trajectory.status}"
+    )
+
+
+def _tree_json(node: SpanNode) -> dict[str, Any]:
+    out = dict(node.span)
+    out["children"] = [_tree_json(child) for child in node.children]
+    return out
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    if loaded is None:
+        return 1
+    trajectories, _ = loaded
+    selected = filter_trajectories(
+        trajectories,
+        step=args.step,
+        sample_index=args.sample_index,
+        rollout_n=args.rollout_n,
+        experiment=args.experiment,
+        validate=args.validate,
+    )
+    out = sys.stdout
+    if args.json:
+        _dump_json([t.summary() for t in selected], out)
+        return 0
+    if not selected:
+        print(f"otel-verl: no trajectories match under {args.dir} "
+              f"({len(trajectories)} in the store)", file=sys.stderr)
+        return 0
+    rows = [["TRACE", "EXPERIMENT", "STEP", "SAMPLE", "ROLLOUT", "VALIDATE", "REWARD", "TURNS",
+             "SPANS", "DURATION", "STATUS"]]
+    width = _unique_prefix_length([t.trace_id for t in selected])
+    for t in selected:
+        status = t.status if not t.errors else f"error({len(t.errors)})"
+        rows.append([
+            t.trace_id[:width],
+            _cell(t.experiment),
+            _cell(t.step),
+            _cell(t.sample_index),
+            _cell(t.rollout_n),
+            _cell(t.validate),
+            _cell(t.reward),
+            _cell(t.num_turns),
+            str(len(t.spans)),
+            _duration(t.duration_ns),
+            status,
+        ])
+    _table(rows, out)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    prefix = args.trace_id.strip().lower()
+    if not prefix:
+        print("otel-verl: give a trace id (or a prefix of one)", file=sys.stderr)
+        return 2
+    loaded = _load(args)
+    if loaded is None:
+        return 1
+    trajectories, _ = loaded
+    trace_ids = sorted({t.trace_id for t in trajectories if t.trace_id.startswith(prefix)})
+    if not trace_ids:
+        print(f"otel-verl: no trace id starts with {prefix!r} under {args.dir}", file=sys.stderr)
+        return 1
+    if len(trace_ids) > 1:
+        print(f"otel-verl: {prefix!r} is ambiguous; it starts {len(trace_ids)} trace ids:",
+              file=sys.stderr)
+        for trace_id in trace_ids[:20]:
+            print(f"  {trace_id}", file=sys.stderr)
+        return 2
+    trace_id = trace_ids[0]
+    chosen = [t for t in trajectories if t.trace_id == trace_id]
+    out = sys.stdout
+    if args.json:
+        _dump_json(
+            {
+                "trace_id": trace_id,
+                "trajectories": [
+                    {**t.summary(), "tree": [_tree_json(node) for node in t.tree]} for t in chosen
+                ],
+            },
+            out,
+        )
+        return 0
+    out.write(f"trace {trace_id}\n")
+    for trajectory in chosen:
+        out.write(_trajectory_label(trajectory) + "\n")
+        _print_tree(trajectory.tree, args.full, out)
+    return 0
+
+
+def _replay_exporter(args: argparse.Namespace) -> Any:
+    if args.to == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter(out=sys.stdout)
+    from otel_verl._config import resolve_config
+    from otel_verl._provider import _otlp_exporter
+
+    explicit: dict[str, Any] = {"backend": "otlp"}
+    if args.endpoint is not None:
+        explicit["otlp_endpoint"] = args.endpoint
+    if args.protocol is not None:
+        explicit["otlp_protocol"] = args.protocol
+    # the bare OTLP exporter: replaying must not spool its own failures again
+    return _otlp_exporter(resolve_config(explicit))
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from otel_verl._config import ConfigError
+    from otel_verl._spool import replay
+
+    if not os.path.exists(args.spool_dir):
+        print(f"otel-verl: nothing to replay at {args.spool_dir}", file=sys.stderr)
+        return 1
+    try:
+        exporter = _replay_exporter(args)
+    except ConfigError as error:
+        print(f"otel-verl: {error}", file=sys.stderr)
+        return 2
+    try:
+        sent, failed = replay(args.spool_dir, exporter, remove=args.remove)
+    finally:
+        exporter.shutdown()
+    print(f"otel-verl: replayed {sent} span(s) to {args.to}; {failed} failed", file=sys.stderr)
+    return 0 if failed == 0 else 1
+
+
+def _cmd_demo(argv: Sequence[str]) -> int:
+    try:
+        demo = importlib.import_module("otel_verl.rollout.demo")
+    except ImportError as error:
+        missing = getattr(error, "name", None) or ""
+        if missing.split(".")[0] == "otel_verl":
+            hint = "this installation of otel-verl has no demo module"
+        else:
+            hint = "the demo needs the rollout extras: pip install 'otel-verl[rollout]'"
+        print(f"otel-verl demo: cannot import otel_verl.rollout.demo ({error}); {hint}",
+              file=sys.stderr)
+        return 2
+    result = demo.main(list(argv))
+    return int(result or 0)
+
+
+# --- argument parsing ---------------------------------------------------------------------------
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dir",
+        default=None,
+        help=f"trace store directory or file (default: ${ENV_TRACE_DIR} or ./otel_verl_traces)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show reading progress on stderr (default: for large stores on a terminal)",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="otel-verl", description="OpenTelemetry tracing for RL rollouts: the local store."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="{traces,demo}")
+    traces = commands.add_parser("traces", help="list and show trajectories in the local store")
+    traces_commands = traces.add_subparsers(dest="traces_command", metavar="{list,show,replay}")
+
+    list_p = traces_commands.add_parser("list", help="one line per trajectory")
+    _add_store_options(list_p)
+    list_p.add_argument("--step", type=int)
+    list_p.add_argument("--sample-index", type=int)
+    list_p.add_argument("--rollout-n", type=int)
+    list_p.add_argument("--experiment")
+    list_p.add_argument(
+        "--validate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only validation (--validate) or only training (--no-validate) trajectories",
+    )
+    list_p.set_defaults(handler=_cmd_list)
+
+    show_p = traces_commands.add_parser("show", help="the span tree of one trace")
+    show_p.add_argument("trace_id", metavar="TRACE_ID_PREFIX")
+    _add_store_options(show_p)
+    show_p.add_argument(
+        "--full", action="store_true", help="untruncated inputs/outputs, all attributes, stacks"
+    )
+    show_p.set_defaults(handler=_cmd_show)
+
+    replay_p = traces_commands.add_parser(
+        "replay", help="send spooled spans (kept when a backend was down) to a backend"
+    )
+    replay_p.add_argument("spool_dir", metavar="SPOOL_DIR")
+    replay_p.add_argument("--to", choices=("otlp", "console"), default="otlp")
+    replay_p.add_argument(
+        "--endpoint", help="OTLP endpoint (default: the OTEL_EXPORTER_OTLP_* variables)"
+    )
+    replay_p.add_argument("--protocol", choices=("grpc", "http/protobuf"))
+    replay_p.add_argument(
+        "--remove", action="store_true", help="delete each file once all its spans were accepted"
+    )
+    replay_p.set_defaults(handler=_cmd_replay)
+
+    commands.add_parser(
+        "demo", help="run the traced rollout demo (otel-verl demo --help for its options)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``otel-verl`` command line.
+
+    Args:
+        argv: the arguments after the program name; default ``sys.argv[1:]``.
+
+    Returns:
+        The exit status.
+    """
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
+        return _cmd_demo(args_list[1:])
+    parser = _parser()
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exit_:  # --help, or a usage error argparse already printed
+        return int(exit_.code or 0) if not isinstance(exit_.code, str) else 2
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if hasattr(args, "dir"):
+        args.dir = resolve_trace_dir(args.dir)
+    try:
+        return handler(args)
+    except BrokenPipeError:  # `otel-verl traces list | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
