@@ -1,0 +1,131 @@
+"""Faults at a recording endpoint on 127.0.0.1: 500, 429, no answer. export() returns FAILURE
+within its bound, shutdown() within its bound, and the producing thread never waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from _common import API_KEY, PROJECT_ID
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from otel_weave_exporter import WeaveSpanExporter
+
+TIMEOUT_S = 0.6
+
+
+def _spans(n=5):
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("faults")
+    for i in range(n):
+        with tracer.start_as_current_span(f"op{i}", attributes={"rollout.step": i}):
+            pass
+    return memory.get_finished_spans()
+
+
+def _exporter(url, **options):
+    options.setdefault("timeout_s", TIMEOUT_S)
+    options.setdefault("backoff_initial_s", 0.05)
+    options.setdefault("shutdown_timeout_s", 1.0)
+    return WeaveSpanExporter(project=PROJECT_ID, api_key=API_KEY, base_url=url, **options)
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_retryable_status_forever_fails_within_the_bound(recorder, status):
+    recorder.statuses = [status] * 10_000
+    exporter = _exporter(recorder.url)
+    t0 = time.monotonic()
+    assert exporter.export(_spans()) is SpanExportResult.FAILURE
+    elapsed = time.monotonic() - t0
+    assert elapsed < TIMEOUT_S + 0.5
+    assert len(recorder.requests) >= 2  # it did retry
+    assert exporter.stats["calls_failed"] == 5 and exporter.stats["calls_sent"] == 0
+    t0 = time.monotonic()
+    exporter.shutdown()
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_retry_after_is_honoured_and_then_succeeds(recorder):
+    recorder.statuses = [429]
+    recorder.retry_after = "0.3"
+    exporter = _exporter(recorder.url, timeout_s=3.0)
+    t0 = time.monotonic()
+    assert exporter.export(_spans()) is SpanExportResult.SUCCESS
+    assert time.monotonic() - t0 >= 0.3
+    assert len(recorder.requests) == 2 and exporter.stats["calls_sent"] == 5
+
+
+def test_non_retryable_status_fails_at_once(recorder):
+    recorder.statuses = [401]
+    exporter = _exporter(recorder.url, timeout_s=5.0)
+    t0 = time.monotonic()
+    assert exporter.export(_spans()) is SpanExportResult.FAILURE
+    assert time.monotonic() - t0 < 1.0 and len(recorder.requests) == 1
+
+
+def test_413_splits_the_batch(recorder):
+    recorder.statuses = [413]
+    exporter = _exporter(recorder.url, timeout_s=5.0)
+    assert exporter.export(_spans(4)) is SpanExportResult.SUCCESS
+    assert [len(b["batch"]) for b in recorder.bodies()] == [4, 2, 2]
+
+
+def test_server_that_never_answers(recorder):
+    recorder.hang.set()
+    exporter = _exporter(recorder.url)
+    t0 = time.monotonic()
+    assert exporter.export(_spans()) is SpanExportResult.FAILURE
+    assert time.monotonic() - t0 < TIMEOUT_S + 0.5
+    t0 = time.monotonic()
+    exporter.shutdown()
+    assert time.monotonic() - t0 < 1.5
+    assert exporter.export(_spans(1)) is SpanExportResult.FAILURE  # after shutdown
+
+
+def test_shutdown_cuts_an_export_in_flight(recorder):
+    recorder.hang.set()
+    exporter = _exporter(recorder.url, timeout_s=30.0, request_timeout_s=30.0)
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("r", exporter.export(_spans())))
+    worker.start()
+    time.sleep(0.3)
+    assert exporter.force_flush(100) is False  # an export is in flight, bounded wait
+    t0 = time.monotonic()
+    exporter.shutdown()
+    worker.join(5)
+    assert time.monotonic() - t0 < 1.5
+    assert result["r"] is SpanExportResult.FAILURE
+    exporter.shutdown()  # idempotent
+
+
+def test_connection_refused_fails_within_the_bound():
+    exporter = _exporter("http://127.0.0.1:9")  # discard port: nothing listens
+    t0 = time.monotonic()
+    assert exporter.export(_spans()) is SpanExportResult.FAILURE
+    assert time.monotonic() - t0 < TIMEOUT_S + 0.5
+    assert exporter.stats["requests"] >= 2
+
+
+def test_the_rollout_thread_is_unaffected_by_a_dead_server(recorder):
+    """Spans are produced at full speed through a BatchSpanProcessor while the server hangs."""
+    recorder.hang.set()
+    exporter = _exporter(recorder.url, timeout_s=0.5)
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=2048,
+                                                   schedule_delay_millis=20))
+    tracer = provider.get_tracer("rollout")
+    t0 = time.monotonic()
+    for i in range(2000):
+        with tracer.start_as_current_span("op", attributes={"rollout.step": i}):
+            pass
+    produce_s = time.monotonic() - t0
+    assert produce_s < 2.0, produce_s  # no network on the producing thread
+    t0 = time.monotonic()
+    provider.shutdown()  # the processor drains (bounded exports) then shuts the exporter
+    assert time.monotonic() - t0 < 15
+    assert exporter.stats["calls_sent"] == 0 and exporter.stats["calls_failed"] > 0
