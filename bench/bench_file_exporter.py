@@ -10,6 +10,7 @@ Rows (median of ROUNDS rounds, µs per span):
 - encode_spans only              the OTLP exporters' protobuf message build (no serialisation)
 - encode_spans + serialize       what OTLP/protobuf over HTTP or gRPC pays before the network
 - ConsoleSpanExporter > /dev/null the SDK's console exporter (span.to_json per span)
+Then the reader over the file just written: otel_verl.store.read_spans and group_trajectories.
 
 Run: python bench/bench_file_exporter.py [--rounds N] [--spans N]
 """
@@ -118,6 +119,17 @@ def main() -> None:
     for name, samples in times.items():
         med = statistics.median(samples)
         print(f"{name:34} {med:9.1f} {med / base:7.2f}x")
+    # the reader, over what the exporter just wrote (rounds x spans spans)
+    from otel_verl.store import group_trajectories, read_spans
+
+    t0 = time.perf_counter()
+    spans_read = list(read_spans(exporter.path))
+    t1 = time.perf_counter()
+    group_trajectories(spans_read)
+    t2 = time.perf_counter()
+    print(f"{'store.read_spans':34} {(t1 - t0) / len(spans_read) * 1e6:9.1f}   "
+          f"({len(spans_read)} spans, {os.path.getsize(exporter.path) / (t1 - t0) / 2**20:.0f} MiB/s)")
+    print(f"{'store.group_trajectories':34} {(t2 - t1) / len(spans_read) * 1e6:9.1f}")
     exporter.shutdown()
     os.close(proto_fd)
     devnull.close()
