@@ -178,7 +178,8 @@ class OTLPReceiver:
     def start(self) -> OTLPReceiver:
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self._server.serve_forever, name="otlp-receiver", daemon=True
+                target=self._server.serve_forever, args=(0.05,), name="otlp-receiver",
+                daemon=True,
             )
             self._thread.start()
         return self
