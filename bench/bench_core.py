@@ -65,8 +65,11 @@ def interleaved(cases: dict[str, Callable[[], object]], n: int, rounds: int) -> 
 
 def weave_style_case():
     """verl's weave backend: client.create_call + finish_call inside weave.attributes()."""
+    if os.environ.get("WEAVE_DISABLED", "").lower() in ("1", "true"):
+        os.environ.pop("WEAVE_DISABLED")  # weave would turn create_call into a no-op
     try:
         import weave
+        from weave.trace.context.weave_client_context import set_weave_client_global
         from weave.trace.weave_client import WeaveClient
         from weave.trace_server.sqlite_trace_server import SqliteTraceServer
     except ImportError as exc:
@@ -75,6 +78,7 @@ def weave_style_case():
     server = SqliteTraceServer(":memory:")
     server.setup_tables()
     client = WeaveClient("bench", "bench", server, ensure_project_exists=False)
+    set_weave_client_global(client)  # what weave.init does; otherwise calls are not recorded
     attrs = {"step": 1, "sample_index": 2, "rollout_n": 0, "validate": False,
              "experiment_name": "bench"}
 
@@ -149,6 +153,9 @@ def main() -> int:
         results.update(interleaved({"weave_create_finish": call}, max(200, args.n // 20),
                                    args.rounds))
         results.update(interleaved({"traced_op_again": traced}, args.n, args.rounds))
+        client.flush()
+        recorded = len(list(client.get_calls()))
+        print(f"(weave server recorded {recorded} calls: the comparison did real work)")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, n={args.n}, "
           f"rounds={args.rounds} (medians, µs per call)")
     for name, value in results.items():
