@@ -58,9 +58,12 @@ def build_exporter(config: TraceConfig) -> SpanExporter:
         except ImportError:
             raise ConfigError("backend=weave needs the Weave exporter: "
                               "pip install 'otel-verl[weave]' (package otel-weave-exporter)") from None
-        return _spooling(config, WeaveSpanExporter(project=config.project_name,
-                                                   entity=config.weave_entity,
-                                                   base_url=config.weave_base_url))
+        # the Weave exporter spools the calls it could not deliver itself (already translated,
+        # replayable with `python -m otel_weave_exporter replay`), so no second spool here
+        return WeaveSpanExporter(project=config.project_name, entity=config.weave_entity,
+                                 base_url=config.weave_base_url,
+                                 spool_dir=config.spool_dir or os.path.join(config.trace_dir,
+                                                                            "spool", "weave"))
     raise ConfigError(f"backend: no exporter for {backend!r}")
 
 

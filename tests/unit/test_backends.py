@@ -118,3 +118,16 @@ def test_console_backend():
 def test_bad_option_names_the_key():
     with pytest.raises(ConfigError, match="max_field_bytes"):
         RolloutTraceConfig.init("p", "e", "file", max_field_bytes=3)
+
+
+def test_weave_backend_needs_a_key_and_never_prompts(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="WANDB_API_KEY"):
+        RolloutTraceConfig.init("ent/proj", "e", "weave", trace_dir=str(tmp_path))
+    RolloutTraceConfig.reset()
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    RolloutTraceConfig.init("ent/proj", "e", "weave", trace_dir=str(tmp_path),
+                            weave_base_url="http://127.0.0.1:9")
+    client = RolloutTraceConfig.get_client()
+    assert type(client).__name__ == "WeaveSpanExporter"
+    assert client.config.spool_dir == str(tmp_path / "spool" / "weave")
