@@ -40,7 +40,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_verl import _env, _errors, semconv
-from otel_verl._config import ConfigError, TraceConfig, resolve_config
+from otel_verl._config import TraceConfig, resolve_config
 from otel_verl._payload import to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler
@@ -902,5 +902,3 @@ def select_traced_samples(sample_indices: Iterable[Any]) -> frozenset:
     """Which sample indices of a worker's chunk to trace (``max_samples_per_step_per_worker``)."""
     return RolloutTraceConfig.sampler().select(sample_indices)
 
-
-__all__ = ["ConfigError"]
