@@ -148,8 +148,10 @@ def test_translation_maps_ids_names_payloads_usage_and_errors():
     assert chat["inputs"] == {"messages": [{"role": "user", "content": "hi"}]}
     assert chat["output"] == "plain text"
     usage = {"m": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14, "requests": 1}}
-    assert chat["summary"] == {"usage": usage}
-    assert run["summary"] == {"usage": usage}  # rolled up from the child
+    assert chat["summary"] == {"usage": usage, "status_counts": {"success": 1, "error": 0}}
+    # rolled up from the children, as the weave client does
+    assert run["summary"] == {"usage": usage, "status_counts": {"success": 2, "error": 1}}
+    assert tool["summary"] == {"status_counts": {"success": 0, "error": 1}}
     exc = json.loads(tool["exception"])
     assert exc["type"] == "KeyError" and exc["message"] == "'nope'"
     assert chat["exception"] is None and run["exception"] is None

@@ -144,8 +144,11 @@ def test_failing_tool_call_carries_its_exception(loaded):
     assert "Traceback" in exc["stacktrace"]
     # the server derives the call status from it
     assert call.summary["weave"]["status"] == "error"
-    ok = [c for c in shim.calls(PROJECT_ID) if c.op_name == "ToolAgentLoop.run"]
-    assert all(c.summary["weave"]["status"] == "success" for c in ok)
+    # its root shows "descendant error" (status counts rolled up, as the weave client does)
+    roots = {c.attributes["sample_index"]: c for c in shim.calls(PROJECT_ID, trace_roots_only=True)}
+    assert roots[1].summary["weave"]["status"] == "descendant_error"
+    assert roots[1].summary["status_counts"] == {"success": 7, "error": 1}
+    assert roots[0].summary["weave"]["status"] == "success"
 
 
 def test_usage_summed_per_llm_call_and_rolled_up_to_the_root(loaded):

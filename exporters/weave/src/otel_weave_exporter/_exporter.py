@@ -51,7 +51,7 @@ class ExporterConfig:
     max_call_bytes: int = c.MAX_CALL_BYTES
     keep_trajectory_spans: bool = False
     include_otel_attributes: bool = True
-    usage_rollup: bool = True
+    summary_rollup: bool = True
     spool_dir: str | None = None
     max_spool_bytes: int = 1 << 30
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -201,7 +201,7 @@ class WeaveSpanExporter(SpanExporter):
             cfg.project,
             keep_trajectory_spans=cfg.keep_trajectory_spans,
             include_otel_attributes=cfg.include_otel_attributes,
-            usage_rollup=cfg.usage_rollup,
+            summary_rollup=cfg.summary_rollup,
         )
         self._sender = HttpSender(
             cfg.base_url,

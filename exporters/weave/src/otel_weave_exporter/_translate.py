@@ -12,9 +12,10 @@ The mapping (``docs/weave.md`` has the table):
   falling back to ``gen_ai.input.messages`` / ``gen_ai.output.messages``.
 * ``attributes``: every ``rollout.X`` span attribute as ``X`` (verl's names), plus the rest of the
   span under ``attributes.otel`` (kind, scope, attributes, resource) unless disabled.
-* ``summary.usage[model]`` from ``gen_ai.usage.*``; children's usage is rolled up into their
-  parent's summary when the parent is exported later by the same exporter (as the weave client
-  does for nested calls).
+* ``summary.usage[model]`` from ``gen_ai.usage.*`` and ``summary.status_counts``
+  ({success, error}); both are rolled up from children into their parent's summary when the
+  parent is exported later by the same exporter, as the weave client does for nested calls (the
+  server derives "descendant error" from it).
 * ``exception`` from the last ``exception`` event (or the ERROR status description).
 * ``wb_run_step`` = ``rollout.step``; ``wb_run_id`` = the active wandb run, if any.
 """
@@ -35,7 +36,7 @@ from opentelemetry.trace import StatusCode
 from otel_weave_exporter import _conventions as c
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-_USAGE_ROLLUP_MAX = 100_000
+_ROLLUP_MAX = 100_000
 
 
 def iso_time(ns: int | None) -> str:
@@ -100,15 +101,18 @@ class Translator:
         *,
         keep_trajectory_spans: bool = False,
         include_otel_attributes: bool = True,
-        usage_rollup: bool = True,
+        summary_rollup: bool = True,
     ) -> None:
         self.entity = entity
         self.project = project
         self.project_id = f"{entity}/{project}"
         self.keep_trajectory_spans = keep_trajectory_spans
         self.include_otel_attributes = include_otel_attributes
-        self.usage_rollup = usage_rollup
-        self._pending_usage: OrderedDict[str, dict[str, dict[str, int]]] = OrderedDict()
+        self.summary_rollup = summary_rollup
+        # span id -> (usage by model, status counts) left by its finished children
+        self._pending: OrderedDict[str, tuple[dict[str, dict[str, int]], dict[str, int]]] = (
+            OrderedDict()
+        )
         self._resource_cache: tuple[int, dict[str, Any]] | None = None
         self._wb_run_id: str | None = None
 
@@ -131,17 +135,21 @@ class Translator:
         self._resource_cache = (id(res), attrs)
         return attrs
 
-    def _take_usage(self, span_id: str) -> dict[str, dict[str, int]] | None:
-        return self._pending_usage.pop(span_id, None) if self._pending_usage else None
+    def _take_rollup(self, span_id: str) -> tuple[dict[str, dict[str, int]], dict[str, int]] | None:
+        return self._pending.pop(span_id, None) if self._pending else None
 
-    def _give_usage(self, parent_id: str, usage: Mapping[str, Mapping[str, int]]) -> None:
-        pending = self._pending_usage.get(parent_id)
+    def _give_rollup(
+        self, parent_id: str, usage: Mapping[str, Mapping[str, int]], counts: Mapping[str, int]
+    ) -> None:
+        pending = self._pending.get(parent_id)
         if pending is None:
-            pending = {}
-            self._pending_usage[parent_id] = pending
-            if len(self._pending_usage) > _USAGE_ROLLUP_MAX:
-                self._pending_usage.popitem(last=False)
-        _merge_usage(pending, usage)
+            pending = ({}, {"success": 0, "error": 0})
+            self._pending[parent_id] = pending
+            if len(self._pending) > _ROLLUP_MAX:
+                self._pending.popitem(last=False)
+        _merge_usage(pending[0], usage)
+        for k, v in counts.items():
+            pending[1][k] = pending[1].get(k, 0) + v
 
     # -- the mapping ------------------------------------------------------------------------------
     def translate(self, span: ReadableSpan) -> dict[str, Any] | None:
@@ -153,7 +161,7 @@ class Translator:
         attrs = span.attributes or {}
 
         if attrs.get(c.OTEL_VERL_TRAJECTORY) and not self.keep_trajectory_spans:
-            self._take_usage(span_id)  # nobody will show it: the trajectory has no call
+            self._take_rollup(span_id)  # nobody will show it: the trajectory has no call
             return None
         if attrs.get(c.OTEL_VERL_TRAJECTORY_CHILD) and not self.keep_trajectory_spans:
             parent_id = None
@@ -208,17 +216,21 @@ class Translator:
                 "total_tokens": p + q,
                 "requests": 1,
             }
-        if self.usage_rollup:
-            children = self._take_usage(span_id)
-            if children:
-                _merge_usage(usage, children)
-            if usage and parent is not None and not parent.is_remote:
-                # roll up through a dropped trajectory span too: its children are roots then,
-                # and the trajectory span itself takes (and discards) the total
-                self._give_usage(format(parent.span_id, "016x"), usage)
-        summary: dict[str, Any] = {"usage": usage} if usage else {}
-
         exception = _exception_text(span)
+        counts = {"success": 0 if exception else 1, "error": 1 if exception else 0}
+        if self.summary_rollup:
+            children = self._take_rollup(span_id)
+            if children:
+                _merge_usage(usage, children[0])
+                counts["success"] += children[1]["success"]
+                counts["error"] += children[1]["error"]
+            if parent is not None and not parent.is_remote:
+                # rolls up through a dropped trajectory span too: its children are roots then,
+                # and the trajectory span itself takes (and discards) the total
+                self._give_rollup(format(parent.span_id, "016x"), usage, counts)
+        summary: dict[str, Any] = {"status_counts": counts}
+        if usage:
+            summary["usage"] = usage
 
         name = span.name
         op_name = shorten(name, c.MAX_OP_NAME_CHARS)
