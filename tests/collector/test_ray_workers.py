@@ -161,3 +161,38 @@ def test_untraced_trajectory_stays_silent_in_workers(ray_cluster: Path) -> None:
     spans = list(read_spans(trace_dir))
     assert {s["attributes"].get(semconv.ROLLOUT_SAMPLE_INDEX) for s in spans} == {2}
     assert len(spans) == 5
+
+
+def test_ray_workers_export_through_a_collector(tmp_path: Path) -> None:
+    """The production path: driver and Ray workers all use backend=otlp to a node-local collector
+    (rotel here, the otelcol sidecar in production), which forwards to the backend (a receiver)."""
+    from _collector_otlp import otlp_receiver, rotel_collector
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with otlp_receiver() as receiver, rotel_collector(
+            tmp_path, forward_to=f"http://127.0.0.1:{receiver.grpc_port}",
+            forward_protocol="grpc") as rotel:
+        RolloutTraceConfig.init("proj-ray", "exp-ray-otlp", backend="otlp",
+                                otlp_endpoint=rotel.grpc_endpoint, otlp_protocol="grpc",
+                                service_name="ray-otlp")
+        ray.init(num_cpus=2, runtime_env=runtime_env(), include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+        try:
+            tool = CalculatorTool.remote()
+            with rollout_trace_attr(sample_index=7, step=4, rollout_n=1):
+                ToyAgentLoop().run(tool, "5 * 5", "25")
+        finally:
+            ray.shutdown()
+            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        assert RolloutTraceConfig.shutdown()
+        spans = receiver.wait_for(5, timeout_s=20.0)
+    assert sorted(s.name for s in spans) == sorted([
+        "rollout_trace", "ToyAgentLoop.run", "CalculatorTool.execute", "CalculatorTool.aexecute",
+        "compute_reward"])
+    assert len({s.trace_id for s in spans}) == 1
+    by_name = {s.name: s for s in spans}
+    for name in ("CalculatorTool.execute", "CalculatorTool.aexecute", "compute_reward"):
+        assert by_name[name].parent_span_id == by_name["ToyAgentLoop.run"].span_id, name
+        assert by_name[name].attributes[semconv.ROLLOUT_SAMPLE_INDEX] == 7, name
+        assert by_name[name].attributes[semconv.ROLLOUT_STEP] == 4, name
+        assert by_name[name].resource["service.name"] == "ray-otlp", name
