@@ -354,3 +354,13 @@ def test_compose_demo_points_at_the_sidecar() -> None:
     side_cfg = load_expanded("sidecar.yaml")
     proto = "grpc" if env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc" else "http"
     assert int(port) == port_of(side_cfg["receivers"]["otlp"]["protocols"][proto]["endpoint"])
+    script = " ".join(demo["command"])
+    assert "otel-verl demo --backend otlp" in script
+    assert f"otlp_endpoint={env['OTEL_EXPORTER_OTLP_ENDPOINT']}" in script
+    # what it installs from the checkout exists (the checkout is copied to /work/src)
+    for rel in re.findall(r"/work/src/([\w./-]+\.txt)", script):
+        assert (ROOT / rel).is_file(), rel
+    assert "/work/src[otlp,rollout]" in script
+    extras = re.search(r"\[project\.optional-dependencies\](.*?)\n\[", (ROOT / "pyproject.toml")
+                       .read_text(), re.S).group(1)
+    assert re.search(r"^otlp\s*=", extras, re.M) and re.search(r"^rollout\s*=", extras, re.M)
