@@ -41,6 +41,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 __all__ = ["OTLPReceiver", "request_to_otlp_json"]
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
+# OTLP enum values -> the names otel_verl.store.read_spans uses
+_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+_STATUS = ("UNSET", "OK", "ERROR")
 
 
 def _hex_ids(obj: Any) -> None:
@@ -90,11 +93,12 @@ def _plain_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
                         "trace_id": span.trace_id.hex(),
                         "span_id": span.span_id.hex(),
                         "parent_span_id": span.parent_span_id.hex() or None,
-                        "kind": int(span.kind),
+                        "kind": _KINDS[span.kind] if span.kind < len(_KINDS) else str(span.kind),
                         "start_ns": int(span.start_time_unix_nano),
                         "end_ns": int(span.end_time_unix_nano),
                         "attributes": _attrs(span.attributes),
-                        "status": {"code": int(span.status.code), "message": span.status.message},
+                        "status": {"code": _STATUS[span.status.code] if span.status.code < 3
+                                   else str(span.status.code), "message": span.status.message},
                         "events": [
                             {"name": e.name, "time_ns": int(e.time_unix_nano),
                              "attributes": _attrs(e.attributes)}
