@@ -24,6 +24,12 @@ from _common import API_KEY  # noqa: E402
 from _recorder import Recorder  # noqa: E402
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "weave_latest: wire-level tests needing the newest weave (requirements/weave_latest.txt)"
+    )
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_BASE_URL",
