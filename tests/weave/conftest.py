@@ -49,6 +49,10 @@ def recorder():
 @pytest.fixture
 def weave_server(tmp_path):
     """Weave's own SqliteTraceServer (weave 0.52.42) behind the HTTP shim on 127.0.0.1."""
+    pytest.importorskip(
+        "weave.trace_server.sqlite_trace_server",
+        reason="needs weave==0.52.42 + trace-server extras (requirements/weave.txt)",
+    )
     from _weave_server import WeaveShim, make_server
 
     server = make_server(str(tmp_path / "weave.sqlite"))

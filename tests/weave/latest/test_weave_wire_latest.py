@@ -16,15 +16,16 @@ import pytest
 
 pytestmark = pytest.mark.weave_latest
 
-pytest.importorskip("weave.vendor.weave_server_sdk", reason="needs weave>=0.54 (requirements/weave_latest.txt)")
-
-import pydantic  # noqa: E402
-from _common import API_KEY  # noqa: E402
-from _rollout import TRAJECTORIES, OtelDriver, ops_per_trajectory, otel_sdk_provider  # noqa: E402
-from otel_weave_exporter import WeaveSpanExporter  # noqa: E402
-from weave.vendor.weave_server_sdk.types.v2_call_complete_params import Batch  # noqa: E402
+from _common import API_KEY
+from _rollout import TRAJECTORIES, OtelDriver, ops_per_trajectory, otel_sdk_provider
+from otel_weave_exporter import WeaveSpanExporter
 
 ENTITY, PROJECT = "wire-ent", "wire-proj"
+
+
+@pytest.fixture(autouse=True)
+def _latest_weave():
+    pytest.importorskip("weave.vendor.weave_server_sdk", reason="needs weave>=0.54 (requirements/weave_latest.txt)")
 
 
 def _record(recorder, **options):
@@ -56,6 +57,9 @@ def test_path_auth_project_and_body_shape(recorder):
 
 
 def test_body_validates_against_the_latest_sdk_request_type(recorder):
+    import pydantic
+    from weave.vendor.weave_server_sdk.types.v2_call_complete_params import Batch
+
     _record(recorder)
     adapter = pydantic.TypeAdapter(list[Batch])
     for body in recorder.bodies():

@@ -10,14 +10,11 @@ import json
 
 import pytest
 
-pytest.importorskip(
-    "weave.trace_server.sqlite_trace_server",
-    reason="needs weave==0.52.42 + trace-server extras (requirements/weave.txt)",
-)
+# every test here uses the weave_server fixture, which needs weave==0.52.42 + trace-server extras
 
-from _common import API_KEY  # noqa: E402
-from _rollout import TRAJECTORIES, OtelDriver, VerlWeaveDriver, otel_sdk_provider  # noqa: E402
-from otel_weave_exporter import WeaveSpanExporter  # noqa: E402
+from _common import API_KEY
+from _rollout import TRAJECTORIES, OtelDriver, VerlWeaveDriver, otel_sdk_provider
+from otel_weave_exporter import WeaveSpanExporter
 
 VERL_PROJECT = "ent/verl"
 OTEL_PROJECT = "ent/otel"

@@ -7,13 +7,10 @@ import json
 
 import pytest
 
-pytest.importorskip(
-    "weave.trace_server.sqlite_trace_server",
-    reason="needs weave==0.52.42 + trace-server extras (requirements/weave.txt)",
-)
+# every test here uses the weave_server fixture, which needs weave==0.52.42 + trace-server extras
 
-from _common import API_KEY, PROJECT_ID  # noqa: E402
-from _rollout import (  # noqa: E402
+from _common import API_KEY, PROJECT_ID
+from _rollout import (
     COMPLETION_TOKENS,
     EXPERIMENT,
     MODEL,
@@ -23,9 +20,9 @@ from _rollout import (  # noqa: E402
     ops_per_trajectory,
     otel_sdk_provider,
 )
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from otel_weave_exporter import WeaveSpanExporter, replay  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otel_weave_exporter import WeaveSpanExporter, replay
 
 
 def _exporter(shim, **options):
