@@ -46,10 +46,22 @@ def load(name: str) -> dict[str, Any]:
     return yaml.safe_load((CONFIG_DIR / name).read_text())
 
 
-def expand_env(text: str, env: dict[str, str] | None = None) -> str:
-    """The collector's `${env:NAME:-default}` substitution, with defaults (or `env`) filled in."""
+def expand_env(text: str, env: dict[str, str | None] | None = None) -> str:
+    """The collector's `${env:NAME:-default}` substitution: the default only when NAME is unset
+    (absent from `env`, or None there, as compose's pass-through leaves it)."""
     env = env or {}
-    return ENV_REF.sub(lambda m: env.get(m.group(1), m.group(2) or ""), text)
+
+    def value(m: re.Match[str]) -> str:
+        got = env.get(m.group(1))
+        if got is not None:
+            return got
+        default = m.group(2) or ""
+        whole = m.string[m.start() - 2:m.start()] == ": " and m.string[m.end():m.end() + 1] in (
+            "\n", "")
+        # an explicitly empty default is kept as the empty STRING (envprovider special-cases it)
+        return '""' if whole and default == "" else default
+
+    return ENV_REF.sub(value, text)
 
 
 def load_expanded(name: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -156,6 +168,15 @@ def test_receivers_accept_chat_sized_payloads(name: str) -> None:
         assert grpc_cfg["max_recv_msg_size_mib"] >= 16, rid  # default 4 MiB is too small
         if "http" in rcv["protocols"]:
             assert rcv["protocols"]["http"]["max_request_body_size"] >= 16 * 2**20, rid
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_resource_attributes_have_values_with_defaults(name: str) -> None:
+    cfg = load_expanded(name)
+    for pid, proc in cfg["processors"].items():
+        if ctype(pid) == "resource":
+            for action in proc["attributes"]:
+                assert isinstance(action["value"], str), (pid, action)
 
 
 # --- sidecar ---------------------------------------------------------------------------------------
@@ -329,6 +350,18 @@ def test_compose_ports_match_the_configs() -> None:
     for name, svc in services.items():
         if name != "otel-sidecar":
             assert not set(published(svc).values()) & set(ports.values()), name
+
+
+def test_compose_never_sets_a_variable_to_empty() -> None:
+    """otelcol's `${env:X:-default}` applies the default only when X is UNSET; a set-but-empty X
+    becomes null (e.g. a resource attribute without a value: the collector refuses to start)."""
+    for name, svc in compose()["services"].items():
+        env = svc.get("environment") or {}
+        assert isinstance(env, dict), name
+        for key, value in env.items():
+            if value is None:
+                continue  # pass-through: set only when set in the caller's shell
+            assert compose_default(str(value)) != "", f"{name}: {key} defaults to empty"
 
 
 def test_compose_healthchecks_probe_the_right_ports() -> None:
