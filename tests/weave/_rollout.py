@@ -169,7 +169,8 @@ def otel_sdk_provider(exporter: Any, *extra_processors: Any) -> Iterator[Any]:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": "weave-exporter-test"}))
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=50))
+    # one batch at the final flush (deterministic: trajectory spans and their children together)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=60_000))
     for processor in extra_processors:
         provider.add_span_processor(processor)
     try:

@@ -99,7 +99,8 @@ TRAJ = {"rollout.step": 3, "rollout.sample_index": 7, "rollout.rollout_n": 1,
 
 
 def _trajectory(tracer):
-    with tracer.start_as_current_span("rollout_trace", attributes={**TRAJ, "otel_verl.trajectory": True}):
+    with tracer.start_as_current_span("rollout_trace", attributes={**TRAJ, "otel_verl.trajectory": True}) as t:
+        t.set_attribute("rollout.reward", 0.5)
         with tracer.start_as_current_span("ToolAgentLoop.run", attributes={
             **TRAJ, "otel_verl.trajectory_child": True,
             "input.value": json.dumps({"sampling_params": {"t": 1}}), "input.mime_type": "application/json",
@@ -123,7 +124,7 @@ def _trajectory(tracer):
 def test_translation_maps_ids_names_payloads_usage_and_errors():
     spans = _spans(_trajectory)
     tr = Translator("e", "p")
-    tr.begin_batch()
+    tr.begin_batch(spans)
     calls = [tr.translate(s) for s in spans]  # children end (and are exported) first
     by_name = {c["op_name"]: c for c in calls if c is not None}
     assert set(by_name) == {"ToolAgentLoop.run", "chat m", "CalcTool.execute"}
@@ -139,6 +140,8 @@ def test_translation_maps_ids_names_payloads_usage_and_errors():
     assert {k: run["attributes"][k] for k in ("step", "sample_index", "rollout_n", "validate",
                                                "experiment_name")} == {
         "step": 3, "sample_index": 7, "rollout_n": 1, "validate": False, "experiment_name": "exp"}
+    assert run["attributes"]["reward"] == 0.5  # from the dropped trajectory span, same batch
+    assert "reward" not in chat["attributes"]  # only the trajectory's direct children get it
     assert run["wb_run_step"] == 3 and run["wb_run_id"] is None
     assert run["inputs"] == {"sampling_params": {"t": 1}} and run["output"] == [1, 2]
     assert run["attributes"]["otel"]["attributes"]["openinference.span.kind"] == "AGENT"

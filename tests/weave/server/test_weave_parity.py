@@ -96,7 +96,10 @@ def test_verl_weave_backend_and_otel_exporter_produce_the_same_calls(weave_serve
     verl_keys = {k for c in verl_calls for k in c.attributes}
     otel_keys = {k for c in otel_calls for k in c.attributes}
     assert verl_keys - otel_keys == {"weave"}  # weave client metadata (client version, OS)
-    assert otel_keys - verl_keys == {"otel"}  # the rest of the span (kind, scope, attrs, resource)
+    # the rest of the span (kind, scope, attrs, resource), and the reward that otel_verl puts on
+    # the (dropped) trajectory span, carried onto the root call; verl traces no reward
+    assert otel_keys - verl_keys == {"otel", "reward"}
+    assert all(r.attributes["reward"] == 1.0 for r in otel_calls if r.parent_id is None)
     # op refs (published op objects) vs plain op names
     assert all(c.op_name.startswith("weave:///ent/verl/op/") for c in verl_calls)
     assert all(not c.op_name.startswith("weave:") for c in otel_calls)

@@ -88,6 +88,8 @@ def test_roots_only_one_per_trajectory(loaded):
     assert len(roots) == len(TRAJECTORIES)
     assert {r.op_name for r in roots} == {"ToolAgentLoop.run"}
     assert len({r.trace_id for r in roots}) == len(TRAJECTORIES)
+    # the reward set on the dropped trajectory span is carried onto its root call
+    assert all(r.attributes["reward"] == 1.0 for r in roots)
 
 
 @pytest.mark.parametrize(

@@ -299,7 +299,7 @@ class WeaveSpanExporter(SpanExporter):
 
     def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[list[bytes], int, int, int]:
         tr = self._translator
-        tr.begin_batch()
+        tr.begin_batch(spans)
         max_call = self.config.max_call_bytes
         parts: list[bytes] = []
         truncated = skipped = bad = 0

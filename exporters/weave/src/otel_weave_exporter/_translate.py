@@ -4,7 +4,9 @@ The mapping (``docs/weave.md`` has the table):
 
 * ``id`` = span id (16 hex), ``trace_id`` = trace id (32 hex), ``parent_id`` = parent span id;
   a span marked ``otel_verl.trajectory_child`` becomes a root (``parent_id`` None) because the
-  trajectory span itself is dropped, the tree shape verl's weave backend produces. With
+  trajectory span itself is dropped, the tree shape verl's weave backend produces; ``rollout.*``
+  attributes only the trajectory span has (``rollout.reward``, set after the run returned) are
+  copied onto its children when both are in the same export batch. With
   ``keep_trajectory_spans`` the trajectory span is a call too and nothing is re-parented.
 * ``op_name`` = the span name as a plain string (what Weave's own OTel ingestion does), shortened
   to 128 chars with a hash suffix when longer.
@@ -27,7 +29,7 @@ import hashlib
 import json
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -115,11 +117,25 @@ class Translator:
         )
         self._resource_cache: tuple[int, dict[str, Any]] | None = None
         self._wb_run_id: str | None = None
+        self._trajectory_extras: dict[int, dict[str, Any]] = {}
 
-    def begin_batch(self) -> None:
-        """Look up per-batch context once (the active wandb run)."""
+    def begin_batch(self, spans: Sequence[ReadableSpan] = ()) -> None:
+        """Per-batch context, looked up once: the active wandb run, and the ``rollout.*``
+        attributes of the trajectory spans in this batch (they are dropped, so what only they
+        carry, e.g. ``rollout.reward`` set after the run returned, goes onto their children)."""
         run_id = current_wandb_run_id()
         self._wb_run_id = f"{self.entity}/{self.project}/{run_id}" if run_id else None
+        self._trajectory_extras = {}
+        if self.keep_trajectory_spans:
+            return
+        for span in spans:
+            attrs = span.attributes
+            if attrs and attrs.get(c.OTEL_VERL_TRAJECTORY):
+                self._trajectory_extras[span.context.span_id] = {
+                    k[len(c.ROLLOUT_PREFIX) :]: _plain(v)
+                    for k, v in attrs.items()
+                    if k.startswith(c.ROLLOUT_PREFIX)
+                }
 
     # -- helpers ----------------------------------------------------------------------------------
     def _resource_dict(self, span: ReadableSpan) -> dict[str, Any]:
@@ -163,10 +179,13 @@ class Translator:
         if attrs.get(c.OTEL_VERL_TRAJECTORY) and not self.keep_trajectory_spans:
             self._take_rollup(span_id)  # nobody will show it: the trajectory has no call
             return None
+        call_attrs: dict[str, Any] = {}
         if attrs.get(c.OTEL_VERL_TRAJECTORY_CHILD) and not self.keep_trajectory_spans:
             parent_id = None
-
-        call_attrs: dict[str, Any] = {}
+            if parent is not None and self._trajectory_extras:
+                extras = self._trajectory_extras.get(parent.span_id)
+                if extras:
+                    call_attrs.update(extras)  # the span's own values (below) take precedence
         rest: dict[str, Any] = {}
         inputs: Any = None
         output: Any = None
