@@ -48,6 +48,7 @@ from otel_verl import (
 )
 from otel_verl.testing import capture_spans
 
+
 def _vocabulary(n: int = 2000) -> list[str]:
     rng = random.Random(0)
     return ["".join(rng.choice("etaoinshrdlucmfwypvbgkqjxz"[: 8 + k % 18])
@@ -58,7 +59,7 @@ VOCAB = _vocabulary()
 ZIPF = [1.0 / (rank + 1) for rank in range(len(VOCAB))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def text(n_bytes: int, seed: int) -> str:
     """Synthetic prose: Zipf-distributed words, so gzip shrinks it about as much as real text.
 
@@ -112,9 +113,9 @@ class Loop:
 
 SHAPES = {
     # GSM8K-like: one turn, short prompt and answer
-    "math-1turn": dict(turns=1, prompt_bytes=400, response_bytes=1200, tool_bytes=0),
+    "math-1turn": {"turns": 1, "prompt_bytes": 400, "response_bytes": 1200, "tool_bytes": 0},
     # a tool-using agent: 5 turns, 4 tool calls, the history re-sent as each turn's input
-    "agent-5turn": dict(turns=5, prompt_bytes=1500, response_bytes=1500, tool_bytes=800),
+    "agent-5turn": {"turns": 5, "prompt_bytes": 1500, "response_bytes": 1500, "tool_bytes": 800},
 }
 
 
@@ -152,7 +153,7 @@ def free_port() -> int:
 
 
 def start_rotel(tmp: Path) -> tuple[subprocess.Popen[bytes], int, int]:
-    import rotel  # noqa: PLC0415
+    import rotel
 
     binary = str(Path(rotel.__file__).parent / "rotel-agent")
     g, h = free_port(), free_port()
@@ -222,12 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     proc, grpc_port, http_port = start_rotel(tmp)
     try:
         modes = [
-            ("otlp grpc -> rotel", dict(backend="otlp", otlp_endpoint=f"http://127.0.0.1:{grpc_port}",
-                                       otlp_protocol="grpc"), True, proc.pid),
-            ("otlp http -> rotel", dict(backend="otlp", otlp_endpoint=f"http://127.0.0.1:{http_port}",
-                                       otlp_protocol="http/protobuf"), True, proc.pid),
-            ("file store", dict(backend="file", trace_dir=str(tmp / "store")), True, None),
-            ("trace=False", dict(backend="otlp", otlp_endpoint=f"http://127.0.0.1:{grpc_port}"),
+            ("otlp grpc -> rotel", {"backend": "otlp", "otlp_protocol": "grpc",
+                                    "otlp_endpoint": f"http://127.0.0.1:{grpc_port}"},
+             True, proc.pid),
+            ("otlp http -> rotel", {"backend": "otlp", "otlp_protocol": "http/protobuf",
+                                    "otlp_endpoint": f"http://127.0.0.1:{http_port}"},
+             True, proc.pid),
+            ("file store", {"backend": "file", "trace_dir": str(tmp / "store")}, True, None),
+            ("trace=False", {"backend": "otlp", "otlp_endpoint": f"http://127.0.0.1:{grpc_port}"},
              False, None),
         ]
         rows = [run_mode(label, args.seconds, init, trace, pid, spans_per_traj)

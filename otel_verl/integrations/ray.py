@@ -57,8 +57,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from otel_verl import _env
-from otel_verl import RolloutTraceConfig, inject_context, use_context
+from otel_verl import RolloutTraceConfig, _env, inject_context, use_context
 
 __all__ = [
     "CARRIER_KWARG",

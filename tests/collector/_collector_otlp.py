@@ -24,7 +24,6 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 
 def free_port() -> int:
@@ -139,14 +138,14 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, sink: OtlpReceiver) -> None:
         self._sink = sink
 
-    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+    def Export(self, request, context):
         self._sink.add("grpc", request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
 def _http_handler(sink: OtlpReceiver) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             enc = (self.headers.get("Content-Encoding") or "").lower()
             if enc == "gzip":
@@ -200,7 +199,7 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
 
 def rotel_binary() -> str:
     """Path of the rotel collector binary shipped in the `rotel` wheel."""
-    import rotel  # noqa: PLC0415
+    import rotel
 
     path = Path(rotel.__file__).parent / "rotel-agent"
     if not path.exists():

@@ -395,5 +395,5 @@ def test_compose_demo_points_at_the_sidecar() -> None:
         assert (ROOT / rel).is_file(), rel
     assert "/work/src[otlp,rollout]" in script
     extras = re.search(r"\[project\.optional-dependencies\](.*?)\n\[", (ROOT / "pyproject.toml")
-                       .read_text(), re.S).group(1)
-    assert re.search(r"^otlp\s*=", extras, re.M) and re.search(r"^rollout\s*=", extras, re.M)
+                       .read_text(), re.DOTALL).group(1)
+    assert re.search(r"^otlp\s*=", extras, re.MULTILINE) and re.search(r"^rollout\s*=", extras, re.MULTILINE)

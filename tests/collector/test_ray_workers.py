@@ -116,7 +116,7 @@ def test_ray_task_and_actor_spans_join_the_trajectory(ray_cluster: Path) -> None
     trajectories = {t: ss for t, ss in by_trace.items() if t not in untraced}
     assert len(trajectories) == 2
 
-    for trace_id, tspans in trajectories.items():
+    for tspans in trajectories.values():
         names = sorted(s["name"] for s in tspans)
         # exactly these, once each: nothing lost, nothing duplicated
         assert names == sorted(["rollout_trace", "ToyAgentLoop.run", "CalculatorTool.execute",
