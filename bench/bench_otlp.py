@@ -219,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     spans_per_traj = int(p1["agent-5turn"]["spans"])
 
     print(f"\n== part 2: one Python thread, agent-5turn trajectories, {args.seconds:.0f} s per mode")
+    try:
+        import rotel  # noqa: F401
+    except ImportError:
+        print("skipped: needs rotel (pip install -r requirements/collector.txt)")
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="bench_otlp_"))
     proc, grpc_port, http_port = start_rotel(tmp)
     try:
