@@ -301,8 +301,9 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
     print("=" * (width + 50), file=out)
 
 
-def run_demo(args: argparse.Namespace, out: Any = sys.stdout) -> DemoResult:
+def run_demo(args: argparse.Namespace, out: Any = None) -> DemoResult:
     """The demo with parsed arguments (see ``main``); returns the counts it printed."""
+    out = sys.stdout if out is None else out
     from otel_verl.rollout.otlp_receiver import OTLPReceiver
     from otel_verl.rollout.server import VLLMServer
     from otel_verl.rollout.tiny_model import build_tiny_model
