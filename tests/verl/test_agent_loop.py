@@ -166,3 +166,32 @@ def test_backend_null_traces_nothing(tiny_model, tmp_path):
 
     assert RolloutTraceConfig.get_backend() is None
     assert spans == [] and not (tmp_path / "traces").exists()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_trace_context_travels_with_the_request_to_vllm(tiny_model, tmp_path, engine):
+    config = h.compose_config([*h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
+                                                 {"backend": "file"}),
+                               f"actor_rollout_ref.rollout.name={engine}"])
+    worker, server, _ = h.make_worker(config)
+    asyncio.run(worker.generate_sequences(h.make_batch([0], step=1)))
+    from verl.utils.rollout_trace import RolloutTraceConfig
+
+    RolloutTraceConfig.flush()
+    gens = {s["span_id"]: s for s in read_spans(tmp_path / "traces")
+            if s["name"] == "LLMServerClient.generate"}
+    assert len(server.calls) == 2 and len(gens) == 2
+    from otel_verl.integrations.verl._patch import VLLM_EXTRA_ARGS_KEY
+
+    for call in server.calls:
+        extra = call["sampling_params"].get("extra_args")
+        if engine == "sglang":  # SGLang's sampling params reject unknown keys: nothing added
+            assert extra is None
+            continue
+        version, trace_id, span_id, flags = extra[VLLM_EXTRA_ARGS_KEY]["traceparent"].split("-")
+        assert span_id in gens and gens[span_id]["trace_id"] == trace_id
+        assert int(flags, 16) & 1  # sampled
+    # the traced input is the caller's, without the carrier
+    for span in gens.values():
+        assert "extra_args" not in json.loads(span["attributes"][semconv.INPUT_VALUE])[
+            "sampling_params"]

@@ -83,6 +83,7 @@ def install(*, propagate: bool = True) -> None:
         _importhook.when_imported(_patch.RT_MODULE, _patch.patch_rollout_trace)
         _importhook.when_imported(_patch.AGENT_LOOP_MODULE, _patch.patch_agent_loop)
         _importhook.when_imported(_patch.BASE_TOOL_MODULE, _patch.patch_base_tool)
+        _importhook.when_imported(_patch.VLLM_ASYNC_LLM_MODULE, _patch.patch_vllm_async_llm)
     if propagate:
         os.environ.update(instrumentation_env())
 

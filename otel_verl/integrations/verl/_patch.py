@@ -16,6 +16,11 @@
    and the score on the trajectory span (``record_reward``).
 5. ``BaseTool.create`` / ``BaseTool.release`` of ``BaseTool`` and of every subclass (existing ones,
    and later ones through ``BaseTool.__init_subclass__``) get TOOL spans.
+6. Engine context (vLLM only): verl's ``LLMServerClient.generate`` adds the W3C headers of its span
+   to a copy of the request's ``sampling_params["extra_args"]``; in the vLLM server actor,
+   ``vllm.v1.engine.async_llm.AsyncLLM.generate`` takes them out again and passes them as
+   ``trace_headers=`` (only when vLLM's own tracing is on), so vLLM's ``llm_request`` span is a child
+   of the ``LLMServerClient.generate`` span.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ _log = logging.getLogger("otel_verl")
 RT_MODULE = "verl.utils.rollout_trace"
 AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
 BASE_TOOL_MODULE = "verl.tools.base_tool"
+VLLM_ASYNC_LLM_MODULE = "vllm.v1.engine.async_llm"
 
 #: marks functions and classes otel_verl produced or already patched
 _MARK = "__otel_verl_verl__"
@@ -244,10 +250,42 @@ def _safe(where: str, fn: Callable[[], None]) -> None:
         _errors.internal_error(exc, where)
 
 
-def _llm_request_attrs(kwargs: dict[str, Any]) -> None:
+#: the key under ``SamplingParams.extra_args`` that carries the W3C headers from verl's
+#: ``LLMServerClient.generate`` (agent-loop worker) to vLLM's ``AsyncLLM.generate`` (server actor)
+VLLM_EXTRA_ARGS_KEY = "otel_verl_trace_headers"
+
+
+def _rollout_engine(owner: Any) -> str | None:
+    try:
+        return str(owner.config.actor_rollout_ref.rollout.name)
+    except Exception:
+        return None
+
+
+def _carry_context_to_vllm(owner: Any, kwargs: dict[str, Any]) -> None:
+    """Add the current span's traceparent to the request's ``extra_args`` (a copy; vLLM only).
+
+    verl's vLLM server builds ``SamplingParams(**sampling_params)``, so the headers reach the
+    engine's process inside the request itself; ``patch_vllm_async_llm`` hands them to
+    ``AsyncLLM.generate(trace_headers=...)`` there. SGLang rejects unknown sampling keys: no carry.
+    """
+    params = kwargs.get("sampling_params")
+    if not isinstance(params, dict) or _rollout_engine(owner) != "vllm":
+        return
+    headers = otel_verl.traceparent_headers()
+    if not headers:
+        return
+    extra = params.get("extra_args")
+    extra = dict(extra) if isinstance(extra, dict) else {}
+    extra[VLLM_EXTRA_ARGS_KEY] = headers
+    kwargs["sampling_params"] = {**params, "extra_args": extra}
+
+
+def _llm_request_attrs(owner: Any, kwargs: dict[str, Any]) -> None:
     span = _current_span()
     if span is None:
         return
+    _carry_context_to_vllm(owner, kwargs)
     params = kwargs.get("sampling_params") or {}
     attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: GenAIOperation.TEXT_COMPLETION}
     for key, attr in (("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
@@ -303,8 +341,7 @@ def _role(func: Callable[..., Any]) -> tuple[str, Callable[..., None] | None,
                                             Callable[[Any], None] | None]:
     name = func.__name__
     if name == "generate":
-        return SpanKindName.LLM, lambda owner, kwargs: _llm_request_attrs(kwargs), \
-            _llm_response_attrs
+        return SpanKindName.LLM, _llm_request_attrs, _llm_response_attrs
     if name == "execute":
         return SpanKindName.TOOL, lambda owner, kwargs: _tool_attrs(
             owner, GenAIOperation.EXECUTE_TOOL), None
@@ -622,6 +659,55 @@ def patch_base_tool(module: ModuleType) -> None:
 
         _set(base, "__init_subclass__", classmethod(__init_subclass__))
         _set(base, _MARK, True)
+
+
+# --- 6. vLLM in the server actor: the carried headers become AsyncLLM.generate(trace_headers=) ----
+
+
+def patch_vllm_async_llm(module: ModuleType) -> None:
+    """Post-import hook of ``vllm.v1.engine.async_llm`` (in verl's vLLM server actor process)."""
+    with _LOCK:
+        engine = getattr(module, "AsyncLLM", None)
+        generate = getattr(engine, "generate", None) if engine is not None else None
+        if not _S.installed or generate is None or getattr(generate, _MARK, False):
+            return
+        try:
+            params = inspect.signature(generate).parameters
+        except (TypeError, ValueError):
+            return
+        if "trace_headers" not in params or "sampling_params" not in params:
+            _log.warning("otel_verl: vLLM's AsyncLLM.generate takes no trace_headers; engine "
+                         "spans will not join the rollout's traces")
+            return
+        _set(engine, "generate", _engine_generate(generate))
+
+
+def _engine_generate(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _take_carried_headers(self, args, kwargs)
+        except Exception as exc:
+            _errors.internal_error(exc, "vLLM trace headers")
+        return original(self, *args, **kwargs)
+
+    setattr(generate, _MARK, True)
+    return generate
+
+
+def _take_carried_headers(engine: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
+    extra = getattr(params, "extra_args", None)
+    if not isinstance(extra, dict) or VLLM_EXTRA_ARGS_KEY not in extra:
+        return
+    headers = extra.pop(VLLM_EXTRA_ARGS_KEY)  # keep the engine core's request clean
+    if not extra:
+        params.extra_args = None
+    observability = getattr(engine, "observability_config", None)
+    tracing_on = getattr(observability, "otlp_traces_endpoint", None) is not None
+    # with vLLM's tracing off it would drop the headers with a warning per request: don't pass
+    if tracing_on and isinstance(headers, dict) and kwargs.get("trace_headers") is None:
+        kwargs["trace_headers"] = {str(k): str(v) for k, v in headers.items()}
 
 
 # --- install / uninstall -------------------------------------------------------------------------
