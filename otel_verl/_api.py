@@ -203,12 +203,14 @@ class RolloutTraceConfig:
         Put them in a Ray ``runtime_env={"env_vars": ...}`` or a subprocess environment; the
         worker calls ``init_from_env()`` (``otel_verl.integrations.ray`` does it for you).
         """
-        instance = cls.get_instance()
-        config = instance.config
-        env = {_env.OTEL_VERL_CONFIG: config.to_json()}
+        config = cls.get_instance().config
+        # workers may start in another directory (Ray does): make local paths absolute
+        config = dataclasses.replace(
+            config, trace_dir=os.path.abspath(config.trace_dir),
+            spool_dir=os.path.abspath(config.spool_dir) if config.spool_dir else None)
         if cls._instance is None:
-            env[_env.OTEL_VERL_CONFIG] = dataclasses.replace(config, backend="none").to_json()
-        return env
+            config = dataclasses.replace(config, backend="none")
+        return {_env.OTEL_VERL_CONFIG: config.to_json()}
 
     @classmethod
     def get_backend(cls) -> str | None:

@@ -1,5 +1,6 @@
 """Configuration precedence, as a table: explicit > verl key > environment > default."""
 
+import json
 import logging
 
 import pytest
@@ -120,6 +121,13 @@ def test_init_reads_verl_config_and_exports_env(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_VERL_CONFIG", env["OTEL_VERL_CONFIG"])
     assert RolloutTraceConfig.init_from_env() is True
     assert RolloutTraceConfig.get_config() == config
+
+
+def test_export_env_makes_paths_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    RolloutTraceConfig.init("p", "e", "file", trace_dir="rel_traces")
+    carried = json.loads(RolloutTraceConfig.export_env()["OTEL_VERL_CONFIG"])
+    assert carried["trace_dir"] == str(tmp_path / "rel_traces")
 
 
 def test_init_from_env_without_configuration_is_off(monkeypatch):
