@@ -90,3 +90,24 @@ def test_opentelemetry_instrument_launcher_and_its_child_processes(tiny_model, t
     result = _run([launcher, sys.executable, "-c", child], env, tmp_path)
     assert result == {"routed": True, "otel_verl_loaded": True, "backend": "file"}
     _check_spans(tmp_path)
+
+
+def test_ray_actor_agent_loop_worker_is_traced(tiny_model, tmp_path):
+    """install() in the driver; verl's AgentLoopWorker runs as a Ray actor in its own process."""
+    pytest.importorskip("ray")
+    args = {"model": str(tiny_model), "tmp": str(tmp_path)}
+    result = _run([sys.executable, str(HERE / "_ray_driver.py"), json.dumps(args)],
+                  _env(tmp_path, {}), tmp_path)
+    assert result["probe"]["routed"] is True and result["probe"]["pid"] != result["driver_pid"]
+    assert result["flushed"] is True and result["scores"] == [1.0] * 8
+    spans = list(read_spans(tmp_path / "traces"))
+    assert {s["name"] for s in spans} == VERL_OPS
+    pids = {s["resource"].get(semconv.PROCESS_PID) for s in spans}
+    assert result["driver_pid"] not in pids and len(pids) == 1  # written by the actor
+    from otel_verl import TrajectorySampler
+
+    chosen = TrajectorySampler(2, "exp_it").select([0, 1, 2, 3])
+    trajectories = {(s["attributes"][semconv.ROLLOUT_SAMPLE_INDEX],
+                     s["attributes"][semconv.ROLLOUT_ROLLOUT_N])
+                    for s in spans if s["attributes"].get(semconv.OTEL_VERL_TRAJECTORY)}
+    assert trajectories == {(i, n) for i in chosen for n in (0, 1)}

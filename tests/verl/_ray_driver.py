@@ -1,0 +1,56 @@
+"""A verl-like driver: install() in code, start Ray, run verl's AgentLoopWorker as a Ray actor (as
+verl's AgentLoopManager does: ``ray.remote(AgentLoopWorker)``). The actor's process imports verl on
+its own; the bootstrap on PYTHONPATH installs otel_verl there. Argument: JSON {"model", "tmp"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from otel_verl.integrations.verl import install
+
+install()  # before verl and Ray: sets the worker environment Ray's processes inherit
+
+import ray  # noqa: E402
+
+args = json.loads(sys.argv[1])
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+try:
+    import _harness as h
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    tmp = Path(args["tmp"])
+    config = h.compose_config(h.base_overrides(Path(args["model"]), h.write_tool_config(tmp),
+                                               {"backend": "file",
+                                                "max_samples_per_step_per_worker": 2}))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
+    server = h.FakeServer(tokenizer)
+    worker = ray.remote(num_cpus=1)(AgentLoopWorker).remote(
+        config, h.make_client(config, server),
+        reward_loop_worker_handles=[h.FakeRewardHandle(tokenizer)])
+
+    @ray.remote(num_cpus=0)
+    def probe() -> dict:
+        import sys as worker_sys
+
+        import verl.experimental.agent_loop.tool_agent_loop as tal
+
+        return {"pid": os.getpid(), "routed": bool(getattr(tal.ToolAgentLoop.run,
+                                                           "__otel_verl_verl__", False))}
+
+    out = ray.get(worker.generate_sequences.remote(h.make_batch([0, 1, 2, 3], step=9, n=2)),
+                  timeout=240)
+    flushed = ray.get(worker.__ray_call__.remote(
+        lambda self: __import__("verl.utils.rollout_trace", fromlist=["x"])
+        .RolloutTraceConfig.flush(10.0)), timeout=60)
+    result = {"driver_pid": os.getpid(), "probe": ray.get(probe.remote(), timeout=120),
+              "scores": out.batch["rm_scores"].sum(-1).tolist(), "flushed": flushed}
+finally:
+    ray.shutdown()
+print("RESULT " + json.dumps(result))
