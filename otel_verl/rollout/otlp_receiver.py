@@ -59,6 +59,22 @@ def _hex_ids(obj: Any) -> None:
             _hex_ids(item)
 
 
+def _b64_ids(obj: Any) -> None:
+    """The reverse of ``_hex_ids``: OTLP/JSON hex ids -> base64, for ``json_format``."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                try:
+                    obj[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                except ValueError:
+                    pass  # not hex: leave it for the parser to judge
+            else:
+                _b64_ids(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            _b64_ids(item)
+
+
 def request_to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
     """An ``ExportTraceServiceRequest`` in OTLP/JSON form (the collector file-exporter format)."""
     data = json_format.MessageToDict(request, use_integers_for_enums=True)
@@ -138,7 +154,9 @@ class OTLPReceiver:
                     ctype = (self.headers.get("Content-Type") or "").lower()
                     request = ExportTraceServiceRequest()
                     if "json" in ctype:
-                        json_format.Parse(body, request, ignore_unknown_fields=True)
+                        doc = json.loads(body)
+                        _b64_ids(doc)
+                        json_format.ParseDict(doc, request, ignore_unknown_fields=True)
                     else:
                         request.ParseFromString(body)
                     receiver._accept(request)
