@@ -38,7 +38,7 @@ _EXPORTS = {
     "build_tiny_model": "tiny_model",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = tuple(sorted(_EXPORTS))
 
 
 def __getattr__(name: str) -> Any:
@@ -51,4 +51,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return list(__all__)

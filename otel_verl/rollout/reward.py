@@ -49,7 +49,7 @@ def extract_answer(text: str) -> str | None:
     return None if best is None else _normalise(best[1])
 
 
-def score_answer(text: str, ground_truth: str | int | float) -> tuple[float, str]:
+def score_answer(text: str, ground_truth: str | float) -> tuple[float, str]:
     """(score, label): 1.0 ``correct``, 0.0 ``incorrect`` or ``no_answer``."""
     answer = extract_answer(text)
     if answer is None:

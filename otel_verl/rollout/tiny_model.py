@@ -77,11 +77,7 @@ CHAT_TEMPLATE = (
 def _corpus(seed: int = 0, n: int = 3000) -> list[str]:
     """A fixed synthetic corpus: the texts the demo's rollouts are made of."""
     rng = random.Random(seed)
-    words = (
-        "what is the answer use calculator tool to compute please result of sum product "
-        "difference a an and or number numbers value total each how many has have apples "
-        "books cost costs dollars tom anna buys sells gives left more less times"
-    ).split()
+    words = ["what", "is", "the", "answer", "use", "calculator", "tool", "to", "compute", "please", "result", "of", "sum", "product", "difference", "a", "an", "and", "or", "number", "numbers", "value", "total", "each", "how", "many", "has", "have", "apples", "books", "cost", "costs", "dollars", "tom", "anna", "buys", "sells", "gives", "left", "more", "less", "times"]
     texts = [" ".join(words)]
     for _ in range(n):
         a, b = rng.randint(1, 99), rng.randint(1, 99)

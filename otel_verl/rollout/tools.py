@@ -152,7 +152,7 @@ def safe_eval(expression: str) -> int | float:
     return value
 
 
-def format_number(value: int | float) -> str:
+def format_number(value: float) -> str:
     """Render a result the way a GSM8K answer is written (``12``, ``2.5``)."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)

@@ -22,7 +22,7 @@ class EngineStub:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 status, answer = stub.handle(self.path, headers, body)
