@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,23 @@ from otel_verl.rollout.reward import Gsm8kReward
 from otel_verl.rollout.server import VLLMServer
 from otel_verl.rollout.tiny_model import build_tiny_model
 from otel_verl.rollout.tools import CalculatorTool
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by every process in a process group (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after "(comm)": state ppid pgrp ...
+            total += int(fields[11]) + int(fields[12])  # utime stime
+    return total / tick
 
 
 async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int
@@ -81,13 +99,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vLLM up in {server.startup_s:.1f}s; {args.trajectories} trajectories x "
               f"{args.repeats} rounds per mode, concurrency {args.concurrency}", flush=True)
 
+        engine_cpu: dict[str, list[float]] = {"off": [], "on": []}
+
         def run(mode: str, step: int) -> tuple[float, float]:
             RolloutTraceConfig.reset()
+            e0 = _group_cpu_s(server.process.pid)
             if mode == "on":
                 RolloutTraceConfig.init("bench", "bench_rollout", backend="file",
                                         trace_dir=trace_dir)
             rate = asyncio.run(_batch(server.base_url, tokenizer, args.trajectories,
                                       args.concurrency, step))
+            engine_cpu[mode].append(1000 * (_group_cpu_s(server.process.pid) - e0)
+                                    / args.trajectories)
             if mode == "on":  # export what is left outside the timed part, like a real step end
                 RolloutTraceConfig.flush(timeout_s=30)
             RolloutTraceConfig.reset()
@@ -96,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(2):
             run("off", 0)  # warm-up: regex compilation, prefix cache, connection setup
             run("on", 1)
+        for values in engine_cpu.values():
+            values.clear()
         rates: dict[str, list[float]] = {"off": [], "on": []}
         cpu: dict[str, list[float]] = {"off": [], "on": []}
         ratios = []
@@ -116,6 +141,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout process CPU per trajectory (median): off {statistics.median(cpu['off']):.2f}"
               f" ms, on {statistics.median(cpu['on']):.2f} ms (tracing adds "
               f"{statistics.median(cpu['on']) - statistics.median(cpu['off']):.2f} ms)")
+        eng = {m: statistics.median(v) for m, v in engine_cpu.items()}
+        roll = {m: statistics.median(v) for m, v in cpu.items()}
+        print(f"vLLM process group CPU per trajectory (median): off {eng['off']:.2f} ms, "
+              f"on {eng['on']:.2f} ms")
+        # the engine's CPU per trajectory is not a clean work measure (its busy loop spins while
+        # it waits, so it grows when the machine is loaded); the rollout process's is
+        added = roll["on"] - roll["off"]
+        capacity = 1000 * (os.cpu_count() or 1) / statistics.median(rates["off"])
+        print(f"estimate from CPU: tracing adds {added:.2f} ms per trajectory against "
+              f"{capacity:.0f} ms of machine CPU per trajectory -> ratio ~{1 - added / capacity:.3f}"
+              " (assumes a CPU-bound machine; insensitive to other load)")
         print(f"throughput ratio on/off (median of {len(ratios)} paired rounds): {median:.3f}  "
               f"(target >= 0.97) {'OK' if median >= 0.97 else 'BELOW TARGET'}")
         print(f"engine spans received: {sum(s['name'] == 'llm_request' for s in receiver.spans())}")
