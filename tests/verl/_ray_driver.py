@@ -1,6 +1,11 @@
-"""A verl-like driver: install() in code, start Ray, run verl's AgentLoopWorker as a Ray actor (as
-verl's AgentLoopManager does: ``ray.remote(AgentLoopWorker)``). The actor's process imports verl on
-its own; the bootstrap on PYTHONPATH installs otel_verl there. Argument: JSON {"model", "tmp"}.
+"""A verl-like driver: start Ray, run verl's AgentLoopWorker as a Ray actor (as verl's
+AgentLoopManager does: ``ray.remote(AgentLoopWorker)``). The actor's process imports verl on its own.
+
+Argument: JSON {"model", "tmp", "mode"}. mode "install": ``install()`` in the driver (the bootstrap
+on PYTHONPATH installs otel_verl in the workers). mode "setup_hook": nothing in the driver; Ray's
+``runtime_env={"worker_process_setup_hook": "otel_verl.integrations.verl.install"}`` (what
+``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=...`` gives verl's ray.init); only a
+probe task runs.
 """
 
 from __future__ import annotations
@@ -10,19 +15,34 @@ import os
 import sys
 from pathlib import Path
 
-from otel_verl.integrations.verl import install
+args = json.loads(sys.argv[1])
+runtime_env: dict = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+if args["mode"] == "install":
+    from otel_verl.integrations.verl import install
 
-install()  # before verl and Ray: sets the worker environment Ray's processes inherit
+    install()  # before verl and Ray: sets the worker environment Ray's processes inherit
+else:
+    runtime_env["worker_process_setup_hook"] = "otel_verl.integrations.verl.install"
 
 import ray  # noqa: E402
 
-args = json.loads(sys.argv[1])
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
 try:
     import _harness as h
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
+    @ray.remote(num_cpus=0)
+    def probe() -> dict:
+        import verl.experimental.agent_loop.tool_agent_loop as tal
+
+        return {"pid": os.getpid(), "routed": bool(getattr(tal.ToolAgentLoop.run,
+                                                           "__otel_verl_verl__", False))}
+
+    if args["mode"] != "install":
+        print("RESULT " + json.dumps({"driver_pid": os.getpid(),
+                                      "driver_has_otel_verl": "otel_verl" in sys.modules,
+                                      "probe": ray.get(probe.remote(), timeout=120)}))
+        sys.exit(0)
     tmp = Path(args["tmp"])
     config = h.compose_config(h.base_overrides(Path(args["model"]), h.write_tool_config(tmp),
                                                {"backend": "file",
@@ -34,15 +54,6 @@ try:
     worker = ray.remote(num_cpus=1)(AgentLoopWorker).remote(
         config, h.make_client(config, server),
         reward_loop_worker_handles=[h.FakeRewardHandle(tokenizer)])
-
-    @ray.remote(num_cpus=0)
-    def probe() -> dict:
-        import sys as worker_sys
-
-        import verl.experimental.agent_loop.tool_agent_loop as tal
-
-        return {"pid": os.getpid(), "routed": bool(getattr(tal.ToolAgentLoop.run,
-                                                           "__otel_verl_verl__", False))}
 
     out = ray.get(worker.generate_sequences.remote(h.make_batch([0, 1, 2, 3], step=9, n=2)),
                   timeout=240)

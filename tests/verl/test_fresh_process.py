@@ -95,7 +95,7 @@ def test_opentelemetry_instrument_launcher_and_its_child_processes(tiny_model, t
 def test_ray_actor_agent_loop_worker_is_traced(tiny_model, tmp_path):
     """install() in the driver; verl's AgentLoopWorker runs as a Ray actor in its own process."""
     pytest.importorskip("ray")
-    args = {"model": str(tiny_model), "tmp": str(tmp_path)}
+    args = {"model": str(tiny_model), "tmp": str(tmp_path), "mode": "install"}
     result = _run([sys.executable, str(HERE / "_ray_driver.py"), json.dumps(args)],
                   _env(tmp_path, {}), tmp_path)
     assert result["probe"]["routed"] is True and result["probe"]["pid"] != result["driver_pid"]
@@ -111,3 +111,13 @@ def test_ray_actor_agent_loop_worker_is_traced(tiny_model, tmp_path):
                      s["attributes"][semconv.ROLLOUT_ROLLOUT_N])
                     for s in spans if s["attributes"].get(semconv.OTEL_VERL_TRAJECTORY)}
     assert trajectories == {(i, n) for i in chosen for n in (0, 1)}
+
+
+def test_ray_worker_process_setup_hook_installs_it_without_the_driver(tiny_model, tmp_path):
+    """The multi-node recipe: verl's ray.init gets worker_process_setup_hook=...install."""
+    pytest.importorskip("ray")
+    args = {"model": str(tiny_model), "tmp": str(tmp_path), "mode": "setup_hook"}
+    result = _run([sys.executable, str(HERE / "_ray_driver.py"), json.dumps(args)],
+                  _env(tmp_path, {}), tmp_path)
+    assert result["driver_has_otel_verl"] is False
+    assert result["probe"]["routed"] is True and result["probe"]["pid"] != result["driver_pid"]
