@@ -17,6 +17,7 @@ class Recorder:
         self.requests: list[dict[str, Any]] = []
         self.statuses: list[int] = []
         self.retry_after: str | None = None
+        self.validate_json = False  # answer 400 to a body that is not JSON
         self.hang = threading.Event()
         self.release = threading.Event()
         rec = self
@@ -36,6 +37,11 @@ class Recorder:
                     rec.release.wait(30)
                     return
                 status = rec.statuses.pop(0) if rec.statuses else 200
+                if rec.validate_json:
+                    try:
+                        json.loads(raw)
+                    except ValueError:
+                        status = 400
                 body = b"{}" if status == 200 else json.dumps({"reason": "scripted"}).encode()
                 self.send_response(status)
                 if rec.retry_after and status in (429, 503):

@@ -3,6 +3,7 @@ within its bound, shutdown() within its bound, and the producing thread never wa
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -73,6 +74,33 @@ def test_413_splits_the_batch(recorder):
     exporter = _exporter(recorder.url, timeout_s=5.0)
     assert exporter.export(_spans(4)) is SpanExportResult.SUCCESS
     assert [len(b["batch"]) for b in recorder.bodies()] == [4, 2, 2]
+
+
+def test_a_call_the_server_refuses_costs_only_itself(recorder):
+    """A payload declared JSON that is not JSON is spliced as is; the server refuses the batch
+    (400) and the exporter halves it until only the bad call is left undelivered."""
+    recorder.validate_json = True
+    spans = _spans(7)
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    provider.get_tracer("t").start_span("bad", attributes={
+        "output.value": "{oops", "output.mime_type": "application/json"}).end()
+    batch = list(spans[:3]) + list(memory.get_finished_spans()) + list(spans[3:])
+    exporter = _exporter(recorder.url, timeout_s=5.0)
+    assert exporter.export(batch) is SpanExportResult.FAILURE
+    assert exporter.stats["calls_sent"] == 7 and exporter.stats["calls_failed"] == 1
+    delivered = [json.loads(r["body"]) for r in recorder.requests if _is_json(r["body"])]
+    assert sorted(c["op_name"] for b in delivered for c in b["batch"]) == [f"op{i}" for i in range(7)]
+    assert len(recorder.requests) <= 2 * 8
+
+
+def _is_json(raw):
+    try:
+        json.loads(raw)
+        return True
+    except ValueError:
+        return False
 
 
 def test_server_that_never_answers(recorder):

@@ -125,7 +125,9 @@ def test_translation_maps_ids_names_payloads_usage_and_errors():
     spans = _spans(_trajectory)
     tr = Translator("e", "p")
     tr.begin_batch(spans)
-    calls = [tr.translate(s) for s in spans]  # children end (and are exported) first
+    # children end (and are exported) first; compare the wire form (what the server parses)
+    calls = [tr.translate(s) for s in spans]
+    calls = [json.loads(encode_call(c, 10**7)[0]) if c is not None else None for c in calls]
     by_name = {c["op_name"]: c for c in calls if c is not None}
     assert set(by_name) == {"ToolAgentLoop.run", "chat m", "CalcTool.execute"}
     assert calls[-1] is None  # the trajectory span: no call
@@ -218,6 +220,38 @@ def test_encode_shrinks_oversized_calls_with_markers():
     assert not cut2 and json.loads(small)["inputs"] == {"x": None}
     tiny, _ = encode_call(call, 250)  # last resort: markers only
     assert len(tiny) <= 250 and json.loads(tiny)["inputs"]["_truncated"] is True
+
+
+def test_json_payloads_are_spliced_raw_and_non_json_is_handled():
+    def build(tracer):
+        for i, (text, mime) in enumerate([
+            ('{"a": [1, 2], "t": "é"}', "application/json"),  # spliced as it is
+            ('{"x": NaN, "y": -Infinity}', "application/json"),  # not JSON: parsed, nulls
+            ("[not json", "application/json"),  # declared JSON but is not: kept as text
+            ("[1, 2]", "application/json"),  # inputs must be an object: wrapped
+            ("hello", "text/plain"),
+        ]):
+            tracer.start_span(f"s{i}", attributes={"input.value": text, "input.mime_type": mime,
+                                                  "output.value": text, "output.mime_type": mime}).end()
+
+    tr = Translator("e", "p")
+    raw = [tr.translate(s) for s in _spans(build)]
+    assert type(raw[0]["inputs"]).__name__ == "RawJSON"
+    wire = [json.loads(encode_call(c, 10**6)[0]) for c in raw[:2] + raw[3:]]
+    wire.insert(2, json.loads(encode_call(dict(raw[2], output=None), 10**6)[0]))
+    assert wire[0]["inputs"] == {"a": [1, 2], "t": "é"} and wire[0]["output"] == {"a": [1, 2], "t": "é"}
+    assert b'{"a": [1, 2], "t": "\xc3\xa9"}' in encode_call(raw[0], 10**6)[0]  # byte for byte
+    assert wire[1]["inputs"] == {"x": None, "y": None} and wire[1]["output"] == {"x": None, "y": None}
+    # inputs need an object, so a non-object is parsed (and, not JSON, kept as text); the output
+    # is trusted as declared and spliced: invalid JSON there makes the server answer 400, and the
+    # exporter bisects the batch to deliver the rest (test_weave_exporter_faults)
+    assert wire[2]["inputs"] == {"input": "[not json"}
+    assert wire[3]["inputs"] == {"input": [1, 2]} and wire[3]["output"] == [1, 2]
+    assert wire[4]["inputs"] == {"input": "hello"} and wire[4]["output"] == "hello"
+    # a raw payload over the cap is parsed and shrunk like any other
+    big = dict(raw[0], inputs=type(raw[0]["inputs"])(json.dumps({"p": "z" * 5000})))
+    data, cut = encode_call(big, 2000)
+    assert cut and len(data) <= 2000 and "truncated" in json.loads(data)["inputs"]["p"]
 
 
 def test_split_batches_respects_the_request_cap():

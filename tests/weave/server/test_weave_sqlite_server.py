@@ -221,3 +221,14 @@ def test_undeliverable_calls_are_spooled_and_replayed(weave_server, tmp_path):
     assert counts["calls_sent"] == n and counts["files_sent"] == counts["files"] >= 1
     assert len(weave_server.calls(PROJECT_ID)) == n
     assert list(spool.glob("*.jsonl")) == [] and list(spool.glob("*.jsonl.sent"))
+
+
+def test_weave_server_refusing_one_bad_call_keeps_the_others(weave_server):
+    exporter = _exporter(weave_server, timeout_s=10.0)
+    with otel_sdk_provider(exporter) as tracer:
+        OtelDriver(tracer).run(1, 0, 0, False)
+        tracer.start_span("bad", attributes={"output.value": "{oops",
+                                             "output.mime_type": "application/json"}).end()
+    assert exporter.stats["calls_failed"] == 1
+    assert 400 in [r["status"] for r in weave_server.requests]  # weave's own model refused it
+    assert len(weave_server.calls(PROJECT_ID)) == ops_per_trajectory()

@@ -11,9 +11,12 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from otel_weave_exporter._translate import RawJSON
+
 #: where the exporter records which fields it cut (a call attribute, filterable in Weave)
 TRUNCATED_ATTR = "weave_exporter_truncated"
 _SHRINK_FIELDS = ("inputs", "output", "attributes", "exception")
+_RAW_FIELDS = ("inputs", "output")
 _BATCH_HEAD = b'{"batch":['
 _BATCH_TAIL = b"]}"
 
@@ -56,14 +59,58 @@ def _cut(value: Any, max_str: int, max_items: int) -> Any:
     return value
 
 
+def _materialise(call: dict[str, Any]) -> dict[str, Any]:
+    """The call with its RawJSON payloads parsed (text that is not JSON after all stays text)."""
+    out = dict(call)
+    for f in _RAW_FIELDS:
+        v = out.get(f)
+        if isinstance(v, RawJSON):
+            try:
+                out[f] = json.loads(v.text)
+            except ValueError:
+                out[f] = v.text
+            if f == "inputs" and not isinstance(out[f], dict):
+                out[f] = {"input": out[f]}
+    return out
+
+
+def _not_finite(data: bytes) -> bool:
+    """True when JSON text may hold NaN / Infinity (not JSON). The one-byte searches are memchr
+    fast and rule out most payloads (token ids, numbers) before the slower substring search."""
+    return (b"N" in data or b"I" in data) and (b"NaN" in data or b"Infinity" in data)
+
+
+def _splice(call: dict[str, Any], raws: dict[str, bytes]) -> bytes:
+    """Encode the call with its raw JSON payloads inserted as they are (no parse, no re-encode)."""
+    head = _dumps({k: v for k, v in call.items() if k not in raws})
+    tail = b"".join(b',"' + k.encode() + b'":' + r for k, r in raws.items())
+    return head[:-1] + tail + b"}"
+
+
 def encode_call(call: dict[str, Any], max_bytes: int) -> tuple[bytes, bool]:
     """The call as JSON bytes no larger than ``max_bytes``; True when something was cut.
+
+    Payloads that arrive as :class:`RawJSON` are spliced in as they are, unless they contain
+    NaN / Infinity (not JSON; parsed and written as null) or the call is over the cap.
 
     Oversized calls keep their identity, times and tree position; their biggest fields lose
     string tails / list items (each cut says how much went), the cut fields are listed under
     ``attributes.weave_exporter_truncated``, and a field that still cannot fit is replaced by a
     marker dict with its original size.
     """
+    raws = {
+        f: v.text.encode("utf-8", "surrogatepass")
+        for f in _RAW_FIELDS
+        if isinstance(v := call.get(f), RawJSON)
+    }
+    if raws:
+        if any(_not_finite(r) for r in raws.values()):
+            call = _materialise(call)
+        else:
+            data = _splice(call, raws)
+            if len(data) <= max_bytes:
+                return data, False
+            call = _materialise(call)
     data = _dumps(call)
     if len(data) <= max_bytes:
         return data, False

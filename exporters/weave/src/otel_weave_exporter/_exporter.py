@@ -319,6 +319,10 @@ class WeaveSpanExporter(SpanExporter):
         return parts, truncated, skipped, bad
 
     def _deliver(self, parts: list[bytes], deadline: float) -> SpanExportResult:
+        """POST in request-sized batches. A batch refused as too large (413) or as invalid
+        (400/422: e.g. one payload that was declared JSON but is not) is halved and retried,
+        so one bad call costs only itself; the first batch that fails otherwise ends the export
+        and everything left is undeliverable."""
         queue = list(split_batches(parts, self.config.max_request_bytes))
         ok = True
         while queue:
@@ -328,11 +332,14 @@ class WeaveSpanExporter(SpanExporter):
             if result.ok:
                 self._count(calls_sent=len(batch))
                 continue
-            if result.too_large and len(batch) > 1:
+            if (result.too_large or result.rejected) and len(batch) > 1:
                 half = len(batch) // 2
                 queue[:0] = [batch[:half], batch[half:]]
                 continue
             ok = False
+            if result.rejected:  # this one call is bad; the others may go on
+                self._undeliverable(batch, result.error)
+                continue
             failed = batch + [p for b in queue for p in b]
             queue = []
             self._undeliverable(failed, result.error)

@@ -10,8 +10,10 @@ The mapping (``docs/weave.md`` has the table):
   ``keep_trajectory_spans`` the trajectory span is a call too and nothing is re-parented.
 * ``op_name`` = the span name as a plain string (what Weave's own OTel ingestion does), shortened
   to 128 chars with a hash suffix when longer.
-* ``inputs`` / ``output`` from ``input.value`` / ``output.value`` (JSON parsed when it is JSON),
-  falling back to ``gen_ai.input.messages`` / ``gen_ai.output.messages``.
+* ``inputs`` / ``output`` from ``input.value`` / ``output.value``: text declared
+  ``application/json`` by its ``*.mime_type`` is passed through as raw JSON (spliced into the
+  request body, never parsed and re-encoded; see ``_encode``), other text is parsed when it is
+  JSON; falling back to ``gen_ai.input.messages`` / ``gen_ai.output.messages``.
 * ``attributes``: every ``rollout.X`` span attribute as ``X`` (verl's names), plus the rest of the
   span under ``attributes.otel`` (kind, scope, attributes, resource) unless disabled.
 * ``summary.usage[model]`` from ``gen_ai.usage.*`` and ``summary.status_counts``
@@ -41,27 +43,58 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 _ROLLUP_MAX = 100_000
 
 
+_last_second: tuple[int, str] = (-1, "")
+
+
 def iso_time(ns: int | None) -> str:
-    """Nanoseconds since the epoch -> ISO 8601 UTC with microseconds (exact, no float)."""
-    if not ns:
-        ns = 0
-    t = _EPOCH + datetime.timedelta(microseconds=ns // 1000)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Nanoseconds since the epoch -> ISO 8601 UTC with microseconds (exact, no float).
+
+    The formatted second is cached: spans of one batch mostly share it.
+    """
+    global _last_second
+    sec, usec = divmod((ns or 0) // 1000, 1_000_000)
+    cached = _last_second
+    if cached[0] != sec:
+        t = _EPOCH + datetime.timedelta(seconds=sec)
+        cached = _last_second = (sec, t.strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{cached[1]}.{usec:06d}Z"
 
 
 def _parse_payload(value: Any) -> Any:
     """A payload attribute as Python: JSON text parsed, anything else kept as it is."""
     if isinstance(value, str):
-        s = value.lstrip()
-        if s[:1] in ("{", "[", '"') or s in ("null", "true", "false") or s[:1].isdigit():
-            try:
-                return json.loads(value)
-            except ValueError:
-                return value
-        return value
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
     if isinstance(value, tuple):
         return list(value)
     return value
+
+
+class RawJSON:
+    """JSON text declared as such by its producer, to be spliced into the wire body as it is."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"RawJSON({self.text[:60]!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawJSON) and other.text == self.text
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _payload(value: Any, mime: Any, need_object: bool) -> Any:
+    """The payload as RawJSON when its producer says it is JSON (and it has the needed shape),
+    else parsed."""
+    if mime == c.MIME_JSON and isinstance(value, str) and (not need_object or value[:1] == "{"):
+        return RawJSON(value)
+    return _parse_payload(value)
 
 
 def _plain(value: Any) -> Any:
@@ -174,7 +207,7 @@ class Translator:
         span_id = format(ctx.span_id, "016x")
         parent = span.parent
         parent_id = format(parent.span_id, "016x") if parent is not None else None
-        attrs = span.attributes or {}
+        attrs = dict(span.attributes) if span.attributes else {}
 
         if attrs.get(c.OTEL_VERL_TRAJECTORY) and not self.keep_trajectory_spans:
             self._take_rollup(span_id)  # nobody will show it: the trajectory has no call
@@ -186,33 +219,31 @@ class Translator:
                 extras = self._trajectory_extras.get(parent.span_id)
                 if extras:
                     call_attrs.update(extras)  # the span's own values (below) take precedence
-        rest: dict[str, Any] = {}
+        raw_in = attrs.get(c.INPUT_VALUE)
+        raw_out = attrs.get(c.OUTPUT_VALUE)
         inputs: Any = None
         output: Any = None
-        in_tok = out_tok = None
-        model = None
+        if raw_in is not None:
+            inputs = _payload(raw_in, attrs.get(c.INPUT_MIME_TYPE), True)
+        if raw_out is not None:
+            output = _payload(raw_out, attrs.get(c.OUTPUT_MIME_TYPE), False)
+        in_tok = attrs.get(c.GEN_AI_USAGE_INPUT_TOKENS)
+        out_tok = attrs.get(c.GEN_AI_USAGE_OUTPUT_TOKENS)
+        model = attrs.get(c.GEN_AI_RESPONSE_MODEL) or attrs.get(c.GEN_AI_REQUEST_MODEL)
+        display = attrs.get(c.WANDB_DISPLAY_NAME)
+        rest: dict[str, Any] = {}
+        plen = len(c.ROLLOUT_PREFIX)
+        consumed = c.CONSUMED_KEYS
         for key, value in attrs.items():
-            if key.startswith(c.ROLLOUT_PREFIX):
-                call_attrs[key[len(c.ROLLOUT_PREFIX) :]] = _plain(value)
-                continue
-            if key == c.INPUT_VALUE:
-                inputs = _parse_payload(value)
-            elif key == c.OUTPUT_VALUE:
-                output = _parse_payload(value)
-            elif key == c.GEN_AI_USAGE_INPUT_TOKENS:
-                in_tok = value
-            elif key == c.GEN_AI_USAGE_OUTPUT_TOKENS:
-                out_tok = value
-            elif key == c.GEN_AI_RESPONSE_MODEL:
-                model = value
-            elif key == c.GEN_AI_REQUEST_MODEL and model is None:
-                model = value
-            if key not in c.CONSUMED_KEYS:
-                rest[key] = _plain(value)
+            # tuples (OTel sequence values) serialise as JSON arrays as they are
+            if key[:plen] == c.ROLLOUT_PREFIX:
+                call_attrs[key[plen:]] = value
+            elif key not in consumed:
+                rest[key] = value
 
         if inputs is None and c.GEN_AI_INPUT_MESSAGES in attrs:
             inputs = {"messages": _parse_payload(attrs[c.GEN_AI_INPUT_MESSAGES])}
-        if not isinstance(inputs, dict):
+        if not isinstance(inputs, (dict, RawJSON)):
             inputs = {} if inputs is None else {"input": inputs}
         if output is None and c.GEN_AI_OUTPUT_MESSAGES in attrs:
             output = {"messages": _parse_payload(attrs[c.GEN_AI_OUTPUT_MESSAGES])}
@@ -253,7 +284,6 @@ class Translator:
 
         name = span.name
         op_name = shorten(name, c.MAX_OP_NAME_CHARS)
-        display = attrs.get(c.WANDB_DISPLAY_NAME)
         if display is None and op_name != name:
             display = name
         step = call_attrs.get("step")

@@ -33,6 +33,7 @@ class SendResult:
     attempts: int
     error: str = ""
     too_large: bool = False  # 413: the caller may split and retry
+    rejected: bool = False  # 400 / 422: the body was refused; one bad call may be the cause
 
 
 def basic_auth(api_key: str) -> str:
@@ -152,6 +153,8 @@ class HttpSender:
                 error = f"HTTP {status}: {text[:300]}"
                 if status == 413:
                     return SendResult(False, status, attempt, error, too_large=True)
+                if status in (400, 422):
+                    return SendResult(False, status, attempt, error, rejected=True)
                 if status not in RETRYABLE_STATUS:
                     return SendResult(False, status, attempt, error)
             delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** (attempt - 1)))
