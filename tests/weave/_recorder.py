@@ -18,6 +18,7 @@ class Recorder:
         self.statuses: list[int] = []
         self.retry_after: str | None = None
         self.validate_json = False  # answer 400 to a body that is not JSON
+        self.reply_body: bytes = b"{}"  # what a 200 carries
         self.hang = threading.Event()
         self.release = threading.Event()
         rec = self
@@ -42,7 +43,7 @@ class Recorder:
                         json.loads(raw)
                     except ValueError:
                         status = 400
-                body = b"{}" if status == 200 else json.dumps({"reason": "scripted"}).encode()
+                body = rec.reply_body if status == 200 else json.dumps({"reason": "scripted"}).encode()
                 self.send_response(status)
                 if rec.retry_after and status in (429, 503):
                     self.send_header("Retry-After", rec.retry_after)

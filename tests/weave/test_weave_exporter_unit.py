@@ -77,8 +77,24 @@ def test_no_arg_construction_reads_env_like_the_entry_point(monkeypatch):
     exporter.shutdown()
 
 
+def test_default_entity_is_read_from_the_wandb_api_like_weave_init(monkeypatch, recorder):
+    monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    monkeypatch.setenv("WANDB_BASE_URL", recorder.url)
+    recorder.reply_body = json.dumps(
+        {"data": {"viewer": {"username": "u", "defaultEntity": {"name": "team-x"}}}}).encode()
+    cfg = resolve_config(project="proj")
+    assert cfg.project_id == "team-x/proj"
+    (req,) = recorder.requests
+    assert req["path"] == "/graphql" and "defaultEntity" in json.loads(req["body"])["query"]
+    assert base64.b64decode(req["headers"]["Authorization"].split()[1]) == f"api:{API_KEY}".encode()
+    recorder.reply_body = b'{"data": {"viewer": null}}'
+    with pytest.raises(ValueError, match="WANDB_ENTITY"):
+        resolve_config(project="proj")
+
+
 def test_bad_values(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: no default entity
     with pytest.raises(ValueError, match="entity"):
         resolve_config(project="p")
     with pytest.raises(ValueError, match="project"):

@@ -113,6 +113,31 @@ def default_trace_server_url() -> str:
     return c.DEFAULT_TRACE_SERVER_URL if base == c.DEFAULT_WANDB_BASE_URL else base + "/traces"
 
 
+def _wandb_base_url() -> str:
+    return os.environ.get(c.WANDB_BASE_URL, c.DEFAULT_WANDB_BASE_URL).rstrip("/")
+
+
+def default_entity(api_key: str, timeout_s: float = 5.0) -> str | None:
+    """The API key's default entity (W&B GraphQL ``viewer.defaultEntity``), or None."""
+    import json
+    import urllib.request
+
+    query = b'{"query": "query DefaultEntity { viewer { username defaultEntity { name } } }"}'
+    req = urllib.request.Request(
+        _wandb_base_url() + "/graphql",
+        data=query,
+        headers={"Content-Type": "application/json", "Authorization": basic_auth(api_key)},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) only
+            doc = json.loads(resp.read(1 << 20))
+        return ((doc.get("data") or {}).get("viewer") or {}).get("defaultEntity", {}).get("name")
+    except Exception as exc:  # no network, bad key, odd answer: the caller raises a clear error
+        _log.warning("otel-weave-exporter: could not read the default W&B entity: %s", exc)
+        return None
+
+
 def resolve_config(
     project: str | None = None,
     entity: str | None = None,
@@ -140,17 +165,21 @@ def resolve_config(
             entity = head
         if "/" in project or not project or not head:
             raise ValueError(f"project must be 'project' or 'entity/project', got {head}/{project}")
-    entity = entity if entity is not None else os.environ.get(c.WANDB_ENTITY)
-    if not entity:
-        raise ValueError(
-            f"WeaveSpanExporter needs a W&B entity for project {project!r}: pass entity=..., "
-            f"use project='entity/{project}', or set {c.WANDB_ENTITY}"
-        )
     api_key = api_key if api_key is not None else os.environ.get(c.WANDB_API_KEY)
     if not api_key:
         raise ValueError(
             f"WeaveSpanExporter needs a W&B API key: set {c.WANDB_API_KEY} (or pass api_key=...); "
             "it never prompts for one"
+        )
+    entity = entity if entity is not None else os.environ.get(c.WANDB_ENTITY)
+    if not entity:
+        # like weave.init(project): the key's default entity, asked once from the W&B API
+        entity = default_entity(api_key)
+    if not entity:
+        raise ValueError(
+            f"WeaveSpanExporter needs a W&B entity for project {project!r}: pass entity=..., "
+            f"use project='entity/{project}', or set {c.WANDB_ENTITY} (the default entity of the "
+            f"API key could not be read from {_wandb_base_url()}/graphql)"
         )
     if base_url is None:
         base_url = os.environ.get(c.ENV_ENDPOINT) or default_trace_server_url()
