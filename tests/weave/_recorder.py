@@ -19,6 +19,7 @@ class Recorder:
         self.retry_after: str | None = None
         self.validate_json = False  # answer 400 to a body that is not JSON
         self.reply_body: bytes = b"{}"  # what a 200 carries
+        self.drop_keepalive = False  # close the connection after answering, without saying so
         self.hang = threading.Event()
         self.release = threading.Event()
         rec = self
@@ -51,6 +52,8 @@ class Recorder:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                if rec.drop_keepalive:
+                    self.close_connection = True
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -61,6 +61,17 @@ def test_retry_after_is_honoured_and_then_succeeds(recorder):
     assert len(recorder.requests) == 2 and exporter.stats["calls_sent"] == 5
 
 
+def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(recorder):
+    recorder.drop_keepalive = True
+    exporter = _exporter(recorder.url, timeout_s=10.0, backoff_initial_s=3.0)
+    for _ in range(3):
+        t0 = time.monotonic()
+        assert exporter.export(_spans(2)) is SpanExportResult.SUCCESS
+        assert time.monotonic() - t0 < 1.5  # no 1.5-3 s backoff wait
+    assert exporter.stats["calls_sent"] == 6 and len(recorder.requests) == 3
+    assert exporter.stats["requests"] == 5  # two attempts met the closed connection
+
+
 def test_non_retryable_status_fails_at_once(recorder):
     recorder.statuses = [401]
     exporter = _exporter(recorder.url, timeout_s=5.0)

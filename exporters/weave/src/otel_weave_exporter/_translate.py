@@ -148,7 +148,7 @@ class Translator:
         self._pending: OrderedDict[str, tuple[dict[str, dict[str, int]], dict[str, int]]] = (
             OrderedDict()
         )
-        self._resource_cache: tuple[int, dict[str, Any]] | None = None
+        self._resource_cache: tuple[Any, dict[str, Any]] | None = None
         self._wb_run_id: str | None = None
         self._trajectory_extras: dict[int, dict[str, Any]] = {}
 
@@ -174,14 +174,14 @@ class Translator:
     def _resource_dict(self, span: ReadableSpan) -> dict[str, Any]:
         res = span.resource
         cached = self._resource_cache
-        if cached is not None and cached[0] == id(res):
+        if cached is not None and cached[0] is res:
             return cached[1]
         attrs = {
             k: _plain(v)
             for k, v in (res.attributes.items() if res is not None else ())
             if not k.startswith("telemetry.sdk.")
         }
-        self._resource_cache = (id(res), attrs)
+        self._resource_cache = (res, attrs)
         return attrs
 
     def _take_rollup(self, span_id: str) -> tuple[dict[str, dict[str, int]], dict[str, int]] | None:

@@ -133,6 +133,7 @@ class HttpSender:
         attempt = 0
         status: int | None = None
         error = ""
+        stale_retried = False
         while True:
             if self._aborted.is_set():
                 return SendResult(False, status, attempt, error or "aborted")
@@ -141,12 +142,17 @@ class HttpSender:
                 return SendResult(False, status, attempt, error or "deadline passed")
             attempt += 1
             retry_after: str | None = None
+            reused = self._conn is not None
             try:
                 status, text, retry_after = self._post_once(
                     path, body, min(self.request_timeout_s, remaining)
                 )
             except (OSError, http.client.HTTPException) as exc:
                 status, error = None, f"{type(exc).__name__}: {exc}"
+                if reused and not stale_retried and not self._aborted.is_set():
+                    # the server closed an idle keep-alive connection: reconnect at once
+                    stale_retried = True
+                    continue
             else:
                 if 200 <= status < 300:
                     return SendResult(True, status, attempt)
