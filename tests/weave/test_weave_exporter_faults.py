@@ -45,7 +45,7 @@ def test_retryable_status_forever_fails_within_the_bound(recorder, status):
     elapsed = time.monotonic() - t0
     assert elapsed < TIMEOUT_S + 0.5
     assert len(recorder.requests) >= 2  # it did retry
-    assert exporter.stats["calls_failed"] == 5 and exporter.stats["calls_sent"] == 0
+    assert exporter.stats()["calls_failed"] == 5 and exporter.stats()["calls_sent"] == 0
     t0 = time.monotonic()
     exporter.shutdown()
     assert time.monotonic() - t0 < 1.5
@@ -58,7 +58,7 @@ def test_retry_after_is_honoured_and_then_succeeds(recorder):
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.SUCCESS
     assert time.monotonic() - t0 >= 0.3
-    assert len(recorder.requests) == 2 and exporter.stats["calls_sent"] == 5
+    assert len(recorder.requests) == 2 and exporter.stats()["calls_sent"] == 5
 
 
 def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(recorder):
@@ -68,8 +68,8 @@ def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(record
         t0 = time.monotonic()
         assert exporter.export(_spans(2)) is SpanExportResult.SUCCESS
         assert time.monotonic() - t0 < 1.5  # no 1.5-3 s backoff wait
-    assert exporter.stats["calls_sent"] == 6 and len(recorder.requests) == 3
-    assert exporter.stats["requests"] == 5  # two attempts met the closed connection
+    assert exporter.stats()["calls_sent"] == 6 and len(recorder.requests) == 3
+    assert exporter.stats()["requests"] == 5  # two attempts met the closed connection
 
 
 def test_non_retryable_status_fails_at_once(recorder):
@@ -100,7 +100,7 @@ def test_a_call_the_server_refuses_costs_only_itself(recorder):
     batch = list(spans[:3]) + list(memory.get_finished_spans()) + list(spans[3:])
     exporter = _exporter(recorder.url, timeout_s=5.0)
     assert exporter.export(batch) is SpanExportResult.FAILURE
-    assert exporter.stats["calls_sent"] == 7 and exporter.stats["calls_failed"] == 1
+    assert exporter.stats()["calls_sent"] == 7 and exporter.stats()["calls_failed"] == 1
     delivered = [json.loads(r["body"]) for r in recorder.requests if _is_json(r["body"])]
     assert sorted(c["op_name"] for b in delivered for c in b["batch"]) == [f"op{i}" for i in range(7)]
     assert len(recorder.requests) <= 2 * 8
@@ -147,7 +147,7 @@ def test_connection_refused_fails_within_the_bound():
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.FAILURE
     assert time.monotonic() - t0 < TIMEOUT_S + 0.5
-    assert exporter.stats["requests"] >= 2
+    assert exporter.stats()["requests"] >= 2
 
 
 def test_the_rollout_thread_is_unaffected_by_a_dead_server(recorder):
@@ -167,4 +167,4 @@ def test_the_rollout_thread_is_unaffected_by_a_dead_server(recorder):
     t0 = time.monotonic()
     provider.shutdown()  # the processor drains (bounded exports) then shuts the exporter
     assert time.monotonic() - t0 < 15
-    assert exporter.stats["calls_sent"] == 0 and exporter.stats["calls_failed"] > 0
+    assert exporter.stats()["calls_sent"] == 0 and exporter.stats()["calls_failed"] > 0

@@ -51,7 +51,7 @@ def _as_int(field):
 def loaded(weave_server):
     memory = InMemorySpanExporter()
     exporter = _send_all(weave_server, memory)
-    assert exporter.stats["calls_failed"] == 0
+    assert exporter.stats()["calls_failed"] == 0
     return weave_server, memory
 
 
@@ -178,7 +178,7 @@ def test_retries_through_429_and_503_then_delivers(weave_server):
     exporter = _send_all(weave_server, backoff_initial_s=0.01)
     statuses = [r["status"] for r in weave_server.requests]
     assert statuses[:2] == [503, 429] and statuses[-1] == 200
-    assert exporter.stats["calls_failed"] == 0
+    assert exporter.stats()["calls_failed"] == 0
     assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * ops_per_trajectory()
     assert all(r["auth_ok"] for r in weave_server.requests)
 
@@ -187,7 +187,7 @@ def test_small_request_cap_splits_batches_and_all_calls_arrive(weave_server):
     exporter = _send_all(weave_server, max_request_bytes=8_000, max_call_bytes=4_000)
     sizes = [r["bytes"] for r in weave_server.requests if r["status"] == 200]
     assert len(sizes) > 2 and max(sizes) <= 8_000
-    assert exporter.stats["calls_sent"] == len(TRAJECTORIES) * ops_per_trajectory()
+    assert exporter.stats()["calls_sent"] == len(TRAJECTORIES) * ops_per_trajectory()
     assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * ops_per_trajectory()
 
 
@@ -201,7 +201,7 @@ def test_oversized_call_is_shrunk_with_markers_and_accepted(weave_server):
             "output.value": json.dumps({"text": "y" * 10}),
         }):
             pass
-    assert exporter.stats["calls_truncated"] == 1
+    assert exporter.stats()["calls_truncated"] == 1
     (call,) = weave_server.calls(PROJECT_ID)
     assert call.attributes["weave_exporter_truncated"] == ["inputs"]
     assert "truncated" in call.inputs["prompt"] and len(call.inputs["prompt"]) < 20_000
@@ -214,7 +214,7 @@ def test_undeliverable_calls_are_spooled_and_replayed(weave_server, tmp_path):
     weave_server.faults = [500] * 1000
     exporter = _send_all(weave_server, spool_dir=str(spool), timeout_s=0.3, backoff_initial_s=0.05)
     n = len(TRAJECTORIES) * ops_per_trajectory()
-    assert exporter.stats["calls_failed"] == n and exporter.stats["calls_spooled"] == n
+    assert exporter.stats()["calls_failed"] == n and exporter.stats()["calls_spooled"] == n
     assert weave_server.calls(PROJECT_ID) == []
     weave_server.faults = []
     counts = replay(spool, api_key=API_KEY, base_url=weave_server.url)
@@ -229,6 +229,6 @@ def test_weave_server_refusing_one_bad_call_keeps_the_others(weave_server):
         OtelDriver(tracer).run(1, 0, 0, False)
         tracer.start_span("bad", attributes={"output.value": "{oops",
                                              "output.mime_type": "application/json"}).end()
-    assert exporter.stats["calls_failed"] == 1
+    assert exporter.stats()["calls_failed"] == 1
     assert 400 in [r["status"] for r in weave_server.requests]  # weave's own model refused it
     assert len(weave_server.calls(PROJECT_ID)) == ops_per_trajectory()

@@ -255,9 +255,9 @@ class WeaveSpanExporter(SpanExporter):
         }
 
     # -- public -----------------------------------------------------------------------------------
-    @property
     def stats(self) -> dict[str, int]:
-        """Counters since construction (a copy)."""
+        """Counters since construction (a copy): spans, calls_sent, calls_failed, calls_spooled,
+        calls_truncated, spans_skipped, spans_untranslatable, requests."""
         with self._stats_lock:
             return dict(self._stats)
 
@@ -291,7 +291,7 @@ class WeaveSpanExporter(SpanExporter):
                 self._sender.close()
             finally:
                 self._lock.release()
-        st = self.stats
+        st = self.stats()
         if st["calls_failed"]:
             where = f"; spooled to {self.spool_path} ({st['calls_spooled']})" if self._spool else ""
             _log.warning(
