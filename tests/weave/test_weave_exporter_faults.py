@@ -124,6 +124,7 @@ def test_server_that_never_answers(recorder):
     exporter.shutdown()
     assert time.monotonic() - t0 < 1.5
     assert exporter.export(_spans(1)) is SpanExportResult.FAILURE  # after shutdown
+    assert exporter.stats()["spans_refused"] == 1
 
 
 def test_shutdown_cuts_an_export_in_flight(recorder):

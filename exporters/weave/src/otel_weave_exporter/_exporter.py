@@ -251,13 +251,14 @@ class WeaveSpanExporter(SpanExporter):
             "calls_truncated": 0,  # calls shrunk to fit max_call_bytes
             "spans_skipped": 0,  # trajectory spans dropped by design
             "spans_untranslatable": 0,  # spans whose translation raised (a bug; logged)
+            "spans_refused": 0,  # handed over after shutdown, or while an export held the lock too long
             "requests": 0,
         }
 
     # -- public -----------------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         """Counters since construction (a copy): spans, calls_sent, calls_failed, calls_spooled,
-        calls_truncated, spans_skipped, spans_untranslatable, requests."""
+        calls_truncated, spans_skipped, spans_untranslatable, spans_refused, requests."""
         with self._stats_lock:
             return dict(self._stats)
 
@@ -292,12 +293,13 @@ class WeaveSpanExporter(SpanExporter):
             finally:
                 self._lock.release()
         st = self.stats()
-        if st["calls_failed"]:
+        if st["calls_failed"] or st["spans_refused"]:
             where = f"; spooled to {self.spool_path} ({st['calls_spooled']})" if self._spool else ""
             _log.warning(
-                "otel-weave-exporter: %d call(s) were not delivered to Weave%s",
+                "otel-weave-exporter: %d call(s) were not delivered to Weave%s; %d span(s) refused",
                 st["calls_failed"],
                 where,
+                st["spans_refused"],
             )
 
     # -- internals --------------------------------------------------------------------------------
@@ -308,9 +310,11 @@ class WeaveSpanExporter(SpanExporter):
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._closed.is_set():
+            self._count(spans_refused=len(spans))
             return SpanExportResult.FAILURE
         deadline = time.monotonic() + self.config.timeout_s
         if not self._lock.acquire(timeout=self.config.timeout_s):
+            self._count(spans_refused=len(spans))
             return SpanExportResult.FAILURE
         try:
             parts, truncated, skipped, bad = self._encode(spans)

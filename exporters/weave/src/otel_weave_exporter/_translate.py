@@ -259,7 +259,7 @@ class Translator:
         # usage: own + what finished children left for us; then hand the total to our parent
         usage: dict[str, dict[str, int]] = {}
         if in_tok is not None or out_tok is not None:
-            p, q = int(in_tok or 0), int(out_tok or 0)
+            p, q = _count_of(in_tok), _count_of(out_tok)
             usage[str(model or "unknown")] = {
                 "prompt_tokens": p,
                 "completion_tokens": q,
@@ -305,6 +305,13 @@ class Translator:
             "wb_run_id": self._wb_run_id,
             "wb_run_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
         }
+
+
+def _count_of(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):  # a producer's odd value must not cost the whole call
+        return 0
 
 
 def _merge_usage(into: dict[str, dict[str, int]], other: Mapping[str, Mapping[str, int]]) -> None:
