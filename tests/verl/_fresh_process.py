@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-import verl.experimental.agent_loop.agent_loop as agent_loop  # noqa: F401  (verl first)
+from verl.experimental.agent_loop import agent_loop  # noqa: F401  (verl first)
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
 args = json.loads(sys.argv[1])
@@ -22,7 +22,7 @@ if args.get("late_install"):
 
     install(propagate=False)
 
-import _harness as h  # noqa: E402
+import _harness as h
 
 routed = bool(getattr(ToolAgentLoop.run, "__otel_verl_verl__", False))
 tmp = Path(args["tmp"])
@@ -30,7 +30,7 @@ config = h.compose_config(h.base_overrides(Path(args["model"]), h.write_tool_con
                                            args["trace"]))
 worker, server, reward = h.make_worker(config)
 asyncio.run(worker.generate_sequences(h.make_batch([0, 1], step=5)))
-from verl.utils.rollout_trace import RolloutTraceConfig  # noqa: E402
+from verl.utils.rollout_trace import RolloutTraceConfig
 
 flush = getattr(RolloutTraceConfig, "flush", None)  # verl's own class has none
 if flush is not None:
@@ -41,8 +41,8 @@ if args.get("late_install"):
     from otel_verl.integrations.verl import uninstall
 
     uninstall()
-    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop as Again
     import verl.utils.rollout_trace as rt
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop as Again
 
     result["after_uninstall_routed"] = bool(getattr(Again.run, "__otel_verl_verl__", False))
     result["after_uninstall_module"] = rt.RolloutTraceConfig.__module__

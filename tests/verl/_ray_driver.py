@@ -24,7 +24,7 @@ if args["mode"] == "install":
 else:
     runtime_env["worker_process_setup_hook"] = "otel_verl.integrations.verl.install"
 
-import ray  # noqa: E402
+import ray
 
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
 try:

@@ -13,10 +13,10 @@ import asyncio
 import json
 from pathlib import Path
 
+import _harness as h
 import numpy as np
 import pytest
 
-import _harness as h
 from otel_verl import TrajectorySampler, semconv
 from otel_verl.store import read_spans
 
@@ -28,7 +28,7 @@ OUR_EXTRA = {"CalculatorTool.create", "CalculatorTool.release", "AgentLoopWorker
 def _run(tiny_model: Path, tmp_path: Path, trace: dict, batches: list) -> tuple[list, list]:
     """Build verl's worker from verl's config and run ``generate_sequences`` on each batch."""
     config = h.compose_config(h.base_overrides(tiny_model, h.write_tool_config(tmp_path), trace))
-    worker, server, reward = h.make_worker(config)
+    worker, _, _ = h.make_worker(config)
     outputs = [asyncio.run(worker.generate_sequences(batch)) for batch in batches]
     from verl.utils.rollout_trace import RolloutTraceConfig
 
@@ -188,7 +188,7 @@ def test_trace_context_travels_with_the_request_to_vllm(tiny_model, tmp_path, en
         if engine == "sglang":  # SGLang's sampling params reject unknown keys: nothing added
             assert extra is None
             continue
-        version, trace_id, span_id, flags = extra[VLLM_EXTRA_ARGS_KEY]["traceparent"].split("-")
+        _, trace_id, span_id, flags = extra[VLLM_EXTRA_ARGS_KEY]["traceparent"].split("-")
         assert span_id in gens and gens[span_id]["trace_id"] == trace_id
         assert int(flags, 16) & 1  # sampled
     # the traced input is the caller's, without the carrier

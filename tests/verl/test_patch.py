@@ -6,8 +6,8 @@ import asyncio
 import inspect
 
 import pytest
-
 import verl.utils.rollout_trace as rt
+
 from otel_verl import semconv
 from otel_verl.integrations.verl import _patch, is_installed
 from otel_verl.testing import capture_spans

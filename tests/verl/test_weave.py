@@ -15,9 +15,9 @@ pytest.importorskip("weave.trace_server.sqlite_trace_server",
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "weave"))  # the weave tier's server harness
 
-import _harness as h  # noqa: E402
-from _common import API_KEY  # noqa: E402
-from _weave_server import WeaveShim, make_server  # noqa: E402
+import _harness as h
+from _common import API_KEY
+from _weave_server import WeaveShim, make_server
 
 PROJECT = "ent/verl_it"
 VERL_OPS = {"ToolAgentLoop.run", "LLMServerClient.generate", "HermesToolParser.extract_tool_calls",

@@ -17,9 +17,9 @@ def _otel_verl_bootstrap() -> None:
     class _InstallOnVerlImport:
         """A meta-path finder that never finds anything; it installs otel_verl on ``import verl``."""
 
-        def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201
+        def find_spec(self, fullname, path=None, target=None):
             if fullname != "verl":
-                return None
+                return
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
             try:
@@ -30,7 +30,7 @@ def _otel_verl_bootstrap() -> None:
                 pass
             except Exception as exc:  # never break the process
                 sys.stderr.write(f"otel_verl: verl integration not installed: {exc!r}\n")
-            return None
+            return
 
     if "verl" not in sys.modules:
         sys.meta_path.insert(0, _InstallOnVerlImport())
