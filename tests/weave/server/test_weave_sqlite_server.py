@@ -232,3 +232,23 @@ def test_weave_server_refusing_one_bad_call_keeps_the_others(weave_server):
     assert exporter.stats()["calls_failed"] == 1
     assert 400 in [r["status"] for r in weave_server.requests]  # weave's own model refused it
     assert len(weave_server.calls(PROJECT_ID)) == ops_per_trajectory()
+
+
+def test_replay_command_line(weave_server, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    spool = tmp_path / "spool"
+    weave_server.faults = [503] * 1000
+    exporter = _send_all(weave_server, spool_dir=str(spool), timeout_s=0.2, backoff_initial_s=0.05)
+    assert exporter.stats()["calls_spooled"] == len(TRAJECTORIES) * ops_per_trajectory()
+    weave_server.faults = []
+    env = {**os.environ, "WANDB_API_KEY": API_KEY}
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_weave_exporter", "replay", str(spool), "--base-url", weave_server.url],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"calls_sent={len(TRAJECTORIES) * ops_per_trajectory()}" in done.stdout
+    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * ops_per_trajectory()

@@ -1,4 +1,5 @@
-"""``otel-weave-replay DIR`` / ``python -m otel_weave_exporter DIR``: resend spooled calls."""
+"""``otel-weave-replay DIR`` / ``python -m otel_weave_exporter [replay] DIR``: resend spooled
+calls."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", help="the exporter's spool_dir")
     parser.add_argument("--base-url", default=None, help="trace server (default: as the exporter)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per project (60)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["replay"]:  # `python -m otel_weave_exporter replay DIR`
+        argv = argv[1:]
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     try:
