@@ -79,7 +79,7 @@ def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None
 @nox.session
 def unit(session: nox.Session) -> None:
     """Core API, config, payloads, sampling, store, CLI, rollout loop: in-memory, seconds."""
-    _install(session, "unit.txt", weave_exporter=(ROOT / "exporters/weave").exists())
+    _install(session, "unit.txt", weave_exporter=True)
     _pytest(session, "tests/unit", "tests/rollout")
 
 
@@ -124,7 +124,8 @@ def _install_engine(session: nox.Session) -> None:
 def engine(session: nox.Session) -> None:
     """A real vLLM CPU server with tracing on; trajectories joined with the engine's spans."""
     _install_engine(session)
-    _pytest(session, "tests/engine")
+    # verl's vLLM hop (trace context through sampling_params.extra_args) needs vllm, not verl
+    _pytest(session, "tests/engine", "tests/verl/test_vllm_engine_context.py")
 
 
 @nox.session

@@ -43,7 +43,7 @@ from otel_verl import _env, _errors, semconv
 from otel_verl._config import TraceConfig, resolve_config
 from otel_verl._payload import to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
-from otel_verl._sampling import TrajectorySampler
+from otel_verl._sampling import TrajectorySampler, normalise_index
 
 _log = logging.getLogger("otel_verl")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -353,6 +353,7 @@ def rollout_trace_attr(
     for key, value in ((semconv.ROLLOUT_STEP, step), (semconv.ROLLOUT_SAMPLE_INDEX, sample_index),
                        (semconv.ROLLOUT_ROLLOUT_N, rollout_n)):
         if value is not None:
+            value = normalise_index(value)
             attrs[key] = value if isinstance(value, (int, str, float, bool)) else str(value)
     attrs[semconv.ROLLOUT_VALIDATE] = bool(validate)
     attrs[semconv.ROLLOUT_EXPERIMENT_NAME] = experiment

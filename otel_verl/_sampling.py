@@ -20,12 +20,30 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Hashable, Iterable
+from typing import Any
 
 _SCALE = float(1 << 64)
 
 
+def normalise_index(sample_index: Any) -> Any:
+    """numpy/torch integer scalars and int subclasses as plain ints, so ``np.int64(3)`` and ``3``
+    are the same sample (verl hands numpy ints around)."""
+    if type(sample_index) is int or isinstance(sample_index, (str, bool)):
+        return sample_index
+    item = getattr(sample_index, "item", None)
+    if callable(item) and getattr(sample_index, "ndim", 0) == 0:
+        try:
+            sample_index = item()
+        except (TypeError, ValueError):
+            return sample_index
+    if isinstance(sample_index, int) and not isinstance(sample_index, bool):
+        return int(sample_index)
+    return sample_index
+
+
 def sample_rank(experiment_name: str, sample_index: Hashable) -> float:
     """A stable pseudo-random rank in [0, 1) for a sample of an experiment (same on every host)."""
+    sample_index = normalise_index(sample_index)
     digest = hashlib.blake2b(f"{sample_index!r}".encode(), digest_size=8,
                              key=experiment_name.encode()[:64]).digest()
     return int.from_bytes(digest, "big") / _SCALE
@@ -73,7 +91,7 @@ class TrajectorySampler:
         Returns:
             The chosen unique indices; every rollout of a chosen index is to be traced.
         """
-        unique = list(dict.fromkeys(sample_indices))
+        unique = list(dict.fromkeys(normalise_index(i) for i in sample_indices))
         if self.limit is None or len(unique) <= self.limit:
             return frozenset(unique)
         if self.limit == 0:
@@ -91,6 +109,7 @@ class TrajectorySampler:
             return True
         if self.limit == 0:
             return False
+        sample_index = normalise_index(sample_index)
         with self._lock:
             decided = self._seen.setdefault(step, {})
             if sample_index in decided:

@@ -337,3 +337,12 @@ def test_internal_error_does_not_break_the_rollout(caplog):
         assert echo(Unserialisable()).__class__ is Unserialisable
     span = exporter.get_finished_spans()[0]
     assert "repr raised RuntimeError" in span.attributes[semconv.INPUT_VALUE]
+
+
+def test_numpy_trajectory_attributes_are_plain_numbers(spans):
+    np = __import__("numpy")
+    with rollout_trace_attr(sample_index=np.int64(5), step=np.int32(2), rollout_n=np.int64(0)):
+        pass
+    (span,) = spans.get_finished_spans()
+    assert span.attributes[semconv.ROLLOUT_SAMPLE_INDEX] == 5
+    assert span.attributes[semconv.ROLLOUT_STEP] == 2

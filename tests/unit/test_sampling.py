@@ -65,3 +65,13 @@ def test_streaming_with_fraction_follows_the_same_prompts():
     chosen = [{i for i in range(500) if sampler.should_trace(i, step)} for step in range(3)]
     assert chosen[0] == chosen[1] == chosen[2]
     assert 20 < len(chosen[0]) < 80
+
+
+def test_numpy_indices_are_the_same_samples():
+    np = __import__("numpy")
+    sampler = TrajectorySampler(3, "exp")
+    assert sampler.rank(np.int64(3)) == sampler.rank(3)
+    assert sampler.select(np.arange(50)) == sampler.select(range(50))
+    assert all(type(i) is int for i in sampler.select(np.arange(50)))
+    assert sampler.should_trace(np.int32(7), step=1) == TrajectorySampler(3, "exp").should_trace(
+        7, step=1)
