@@ -280,10 +280,13 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
     for key, value in result.seconds.items():
         rows.append((f"time {key}", f"{value:.1f} s"))
     if config.backend == "file":
+        default_dir = os.path.abspath("otel_verl_traces")
+        where = "" if trace_dir == default_dir else f" --dir {trace_dir}"
         rows.append(("traces", str(trace_dir)))
-        rows.append(("view", "otel-verl traces list --step 1"
-                     + (f" --dir {trace_dir}" if trace_dir else "")))
-        rows.append(("", "otel-verl traces show <TRACE_ID_PREFIX>"))
+        rows.append(("view", f"otel-verl traces list --step 1{where}"))
+        rows.append(("", f"otel-verl traces show <TRACE_ID_PREFIX>{where}"))
+        if sys.prefix != sys.base_prefix:  # in a venv (e.g. nox's): say how to reach its CLI
+            rows.append(("", f"(outside this venv: {sys.executable} -m otel_verl.cli ...)"))
     elif config.backend == "otlp":
         rows.append(("traces", f"OTLP {config.otlp_protocol} -> {config.otlp_endpoint}"))
         rows.append(("view", "your collector / Jaeger: search rollout.step=1"))
