@@ -14,7 +14,7 @@ What it does:
    overrides, passed as ``verl_config``, so verl's keys work unchanged);
 3. starts ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with its own tracing on:
    backend ``file`` -> an in-process OTLP/HTTP receiver (``otlp_receiver``) that appends the
-   engine's ``llm_request`` spans to the same local store (so ``otel-verl traces show`` shows them
+   engine's ``llm_request`` spans that joined a trajectory to the same local store (so ``otel-verl traces show`` shows them
    under the chat turn that caused them); backend ``otlp`` -> the same endpoint/protocol as the
    rollout; other backends -> engine tracing off (the rollout's spans are complete without it);
 4. runs ``--steps`` training steps of ``--prompts`` x ``--n`` rollouts (GRPO groups), then one
@@ -217,9 +217,16 @@ async def _run_jobs(args: argparse.Namespace, base_url: str, tokenizer: Any, res
     )
     train_rows = make_rows(args.prompts)
     val_rows = make_rows(args.val_prompts, offset=1000, split="test")
+    tracing = otel_verl.is_recording()  # False with backend none/off: nothing is traced
+
+    def select(rows: list[dict[str, Any]]) -> frozenset:
+        if not tracing:
+            return frozenset()
+        return otel_verl.select_traced_samples([r["extra_info"]["index"] for r in rows])
+
     try:
         for step in range(1, args.steps + 1):
-            chosen = otel_verl.select_traced_samples([r["extra_info"]["index"] for r in train_rows])
+            chosen = select(train_rows)
             jobs = [
                 (step, n, row, False, row["extra_info"]["index"] in chosen)
                 for row in train_rows
@@ -228,7 +235,7 @@ async def _run_jobs(args: argparse.Namespace, base_url: str, tokenizer: Any, res
             outs = await _rollouts(agent, jobs, {"temperature": 1.0, "max_tokens": 96,
                                                  "logprobs": True}, args.concurrency, progress)
             _account(result, f"step {step}", jobs, outs)
-        chosen = otel_verl.select_traced_samples([r["extra_info"]["index"] for r in val_rows])
+        chosen = select(val_rows)
         jobs = [(args.steps, 0, row, True, row["extra_info"]["index"] in chosen) for row in val_rows]
         outs = await _rollouts(agent, jobs, {"temperature": 0.0, "max_tokens": 96},
                                args.concurrency, progress)
@@ -307,7 +314,7 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
 def run_demo(args: argparse.Namespace, out: Any = None) -> DemoResult:
     """The demo with parsed arguments (see ``main``); returns the counts it printed."""
     out = sys.stdout if out is None else out
-    from otel_verl.rollout.otlp_receiver import OTLPReceiver
+    from otel_verl.rollout.otlp_receiver import OTLPReceiver, joined_spans_only
     from otel_verl.rollout.server import VLLMServer
     from otel_verl.rollout.tiny_model import build_tiny_model
 
@@ -330,7 +337,9 @@ def run_demo(args: argparse.Namespace, out: Any = None) -> DemoResult:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    receiver = OTLPReceiver(store_dir=trace_dir).start() if config.backend == "file" else None
+    receiver = None
+    if config.backend == "file":  # keep only engine spans that belong to a trajectory
+        receiver = OTLPReceiver(store_dir=trace_dir, span_filter=joined_spans_only).start()
     endpoint, protocol = _engine_tracing(config, receiver.traces_url if receiver else None)
     log_path = args.server_log or os.path.join(
         trace_dir or os.getcwd(), f"vllm-demo-{os.getpid()}.log")

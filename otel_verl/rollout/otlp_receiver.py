@@ -38,12 +38,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-__all__ = ["OTLPReceiver", "request_to_otlp_json"]
+__all__ = ["OTLPReceiver", "joined_spans_only", "request_to_otlp_json"]
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 # OTLP enum values -> the names otel_verl.store.read_spans uses
 _KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 _STATUS = ("UNSET", "OK", "ERROR")
+_FLAGS_HAS_IS_REMOTE = 0x100
+_FLAGS_IS_REMOTE = 0x200
 
 
 def _hex_ids(obj: Any) -> None:
@@ -122,15 +124,82 @@ def _plain_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
                         ],
                         "resource": resource,
                         "scope": ss.scope.name,
+                        "parent_is_remote": _parent_is_remote(span),
                     }
                 )  # fmt: skip
     return out
 
 
-class OTLPReceiver:
-    """See the module docstring. Args: ``port`` (0 = any free one), ``store_dir`` (optional)."""
+def _parent_is_remote(span: Any) -> bool | None:
+    """From the span's OTLP flags (None when the sender does not say, e.g. older SDKs)."""
+    if not span.flags & _FLAGS_HAS_IS_REMOTE:
+        return None
+    return bool(span.flags & _FLAGS_IS_REMOTE)
 
-    def __init__(self, port: int = 0, *, store_dir: str | os.PathLike[str] | None = None) -> None:
+
+def joined_spans_only(span: dict[str, Any]) -> bool:
+    """A ``span_filter`` keeping the request spans an engine made as a child of a caller's span.
+
+    That is: kind SERVER with a remote parent (the OTLP flags say so; senders that do not set
+    the flags: SERVER with any parent). It drops what an engine traces on its own — vLLM's
+    start-up spans (INTERNAL, even when parented across its own processes) and the requests of
+    untraced trajectories (no parent) — so the store holds only engine spans of trajectories.
+    """
+    if span.get("kind") != "SERVER" or span.get("parent_span_id") is None:
+        return False
+    return span.get("parent_is_remote") is not False
+
+
+def _filtered(
+    request: ExportTraceServiceRequest, keep: Callable[[dict[str, Any]], bool]
+) -> tuple[ExportTraceServiceRequest, list[dict[str, Any]]]:
+    """``request`` reduced to the spans ``keep`` accepts (empty containers removed)."""
+    out = ExportTraceServiceRequest()
+    kept_all: list[dict[str, Any]] = []
+    for rs in request.resource_spans:
+        new_rs = None
+        for ss in rs.scope_spans:
+            new_ss = None
+            for span in ss.spans:
+                one = ExportTraceServiceRequest()
+                one_rs = one.resource_spans.add()
+                one_rs.resource.CopyFrom(rs.resource)
+                one_ss = one_rs.scope_spans.add()
+                one_ss.scope.CopyFrom(ss.scope)
+                one_ss.spans.add().CopyFrom(span)
+                (plain,) = _plain_spans(one)
+                if not keep(plain):
+                    continue
+                kept_all.append(plain)
+                if new_rs is None:
+                    new_rs = out.resource_spans.add()
+                    new_rs.resource.CopyFrom(rs.resource)
+                    new_rs.schema_url = rs.schema_url
+                if new_ss is None:
+                    new_ss = new_rs.scope_spans.add()
+                    new_ss.scope.CopyFrom(ss.scope)
+                    new_ss.schema_url = ss.schema_url
+                new_ss.spans.add().CopyFrom(span)
+    return out, kept_all
+
+
+class OTLPReceiver:
+    """See the module docstring.
+
+    Args:
+        port: TCP port on 127.0.0.1 (0 = any free one).
+        store_dir: also append the spans to the local store there.
+        span_filter: keep only the spans (plain dicts) it accepts, e.g. ``joined_spans_only``.
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        store_dir: str | os.PathLike[str] | None = None,
+        span_filter: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        self.span_filter = span_filter
         self._lock = threading.Condition()
         self._spans: list[dict[str, Any]] = []
         self.requests = 0
@@ -221,7 +290,10 @@ class OTLPReceiver:
 
     # -- data ----------------------------------------------------------------------------------
     def _accept(self, request: ExportTraceServiceRequest) -> None:
-        spans = _plain_spans(request)
+        if self.span_filter is not None:
+            request, spans = _filtered(request, self.span_filter)
+        else:
+            spans = _plain_spans(request)
         if self.store_dir is not None and spans:
             line = json.dumps(request_to_otlp_json(request), separators=(",", ":"))
             with self._lock:

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from otel_verl.rollout.otlp_receiver import OTLPReceiver
+from otel_verl.rollout.otlp_receiver import OTLPReceiver, joined_spans_only
 from otel_verl.store import read_spans
 
 
@@ -76,3 +76,44 @@ def test_json_bad_and_unknown_requests():
     assert span["trace_id"] == "000000000000000000000000000000a1" and span["kind"] == "SERVER"
     with pytest.raises(TimeoutError):
         receiver.wait_for(lambda s: len(s) > 5, timeout_s=0.2)
+
+
+def test_joined_spans_only_drops_what_the_engine_traced_on_its_own(tmp_path):
+    from opentelemetry import context, propagate
+
+    with OTLPReceiver(store_dir=tmp_path, span_filter=joined_spans_only) as receiver:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(
+            endpoint=receiver.traces_url)))
+        tracer = provider.get_tracer("vllm.tracing.otel")
+        with tracer.start_as_current_span("Executor init"):  # engine start-up: own trace
+            with tracer.start_as_current_span("Worker init"):
+                pass
+        token = context.attach(propagate.extract(  # start-up span parented across processes
+            {"traceparent": "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"}))
+        try:
+            with tracer.start_as_current_span("EngineCoreProc init"):
+                pass
+        finally:
+            context.detach(token)
+        with tracer.start_as_current_span("llm_request", kind=SpanKind.SERVER):  # untraced
+            pass
+        caller = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        token = context.attach(propagate.extract(caller))
+        try:
+            with tracer.start_as_current_span("llm_request", kind=SpanKind.SERVER):
+                pass
+        finally:
+            context.detach(token)
+        provider.shutdown()
+        (kept,) = receiver.wait_for(lambda s: len(s) >= 1, timeout_s=10)
+        assert receiver.requests == 5
+    assert kept["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert kept["parent_span_id"] == "b7ad6b7169203331" and kept["parent_is_remote"] is True
+    assert [s["name"] for s in read_spans(tmp_path)] == ["llm_request"]
+    # older senders do not set the flags: a parented SERVER span counts as joined
+    assert joined_spans_only({"parent_is_remote": None, "parent_span_id": "ab", "kind": "SERVER"})
+    assert not joined_spans_only({"parent_is_remote": None, "parent_span_id": "ab",
+                                  "kind": "INTERNAL"})
+    assert not joined_spans_only({"parent_is_remote": True, "parent_span_id": "ab",
+                                  "kind": "INTERNAL"})  # vLLM start-up span across processes
