@@ -167,6 +167,7 @@ def test_translation_maps_ids_names_payloads_usage_and_errors():
     assert run["attributes"]["otel"]["resource"]["service.name"] == "unit"
     assert not any(k.startswith("telemetry.sdk") for k in run["attributes"]["otel"]["resource"])
     assert chat["inputs"] == {"messages": [{"role": "user", "content": "hi"}]}
+    assert "gen_ai.input.messages" not in chat["attributes"]["otel"]["attributes"]  # not twice
     assert chat["output"] == "plain text"
     usage = {"m": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14, "requests": 1}}
     assert chat["summary"] == {"usage": usage, "status_counts": {"success": 1, "error": 0}}

@@ -241,12 +241,12 @@ class Translator:
             elif key not in consumed:
                 rest[key] = value
 
-        if inputs is None and c.GEN_AI_INPUT_MESSAGES in attrs:
-            inputs = {"messages": _parse_payload(attrs[c.GEN_AI_INPUT_MESSAGES])}
+        if inputs is None and c.GEN_AI_INPUT_MESSAGES in attrs:  # moved, not copied
+            inputs = {"messages": _parse_payload(rest.pop(c.GEN_AI_INPUT_MESSAGES))}
         if not isinstance(inputs, (dict, RawJSON)):
             inputs = {} if inputs is None else {"input": inputs}
         if output is None and c.GEN_AI_OUTPUT_MESSAGES in attrs:
-            output = {"messages": _parse_payload(attrs[c.GEN_AI_OUTPUT_MESSAGES])}
+            output = {"messages": _parse_payload(rest.pop(c.GEN_AI_OUTPUT_MESSAGES))}
 
         if self.include_otel_attributes:
             call_attrs["otel"] = {
