@@ -92,6 +92,28 @@ def test_default_entity_is_read_from_the_wandb_api_like_weave_init(monkeypatch, 
         resolve_config(project="proj")
 
 
+def test_sdk_configurator_builds_it_from_otel_traces_exporter(monkeypatch, recorder):
+    """What `OTEL_TRACES_EXPORTER=weave` does under opentelemetry-instrument / the distro."""
+    from opentelemetry.sdk._configuration import _import_exporters, _init_tracing
+
+    monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    monkeypatch.setenv("OTEL_EXPORTER_WEAVE_PROJECT", "ent/proj")
+    monkeypatch.setenv("OTEL_EXPORTER_WEAVE_ENDPOINT", recorder.url)
+    exporters, _, _ = _import_exporters(["weave"], [], [])
+    assert exporters["weave"] is WeaveSpanExporter
+    provider_holder = {}  # never install a global provider in tests
+    monkeypatch.setattr("opentelemetry.sdk._configuration.set_tracer_provider",
+                        lambda p: provider_holder.setdefault("p", p))
+    _init_tracing(exporters=exporters, resource=Resource.create({"service.name": "configured"}))
+    provider = provider_holder["p"]
+    with provider.get_tracer("t").start_as_current_span("configured-op", attributes={"rollout.step": 9}):
+        pass
+    provider.shutdown()
+    (call,) = recorder.calls()
+    assert call["op_name"] == "configured-op" and call["attributes"]["step"] == 9
+    assert call["attributes"]["otel"]["resource"]["service.name"] == "configured"
+
+
 def test_bad_values(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", API_KEY)
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: no default entity
