@@ -202,6 +202,21 @@ def test_translation_maps_ids_names_payloads_usage_and_errors():
     assert run["started_at"] < run["ended_at"] and run["started_at"].endswith("Z")
 
 
+def test_unmarked_child_of_a_trajectory_in_the_same_batch_becomes_a_root():
+    def build(tracer):
+        with tracer.start_as_current_span("rollout_trace", attributes={**TRAJ, "otel_verl.trajectory": True}):
+            with tracer.start_as_current_span("hand-made", attributes=TRAJ):  # no child marker
+                pass
+
+    spans = _spans(build)
+    tr = Translator("e", "p")
+    tr.begin_batch(spans)
+    assert tr.translate(spans[0])["parent_id"] is None
+    alone = Translator("e", "p")  # the trajectory span in another batch: cannot be known
+    alone.begin_batch(spans[:1])
+    assert alone.translate(spans[0])["parent_id"] == format(spans[1].context.span_id, "016x")
+
+
 def test_keep_trajectory_spans_keeps_parents():
     spans = _spans(_trajectory)
     tr = Translator("e", "p", keep_trajectory_spans=True, include_otel_attributes=False)

@@ -213,12 +213,15 @@ class Translator:
             self._take_rollup(span_id)  # nobody will show it: the trajectory has no call
             return None
         call_attrs: dict[str, Any] = {}
-        if attrs.get(c.OTEL_VERL_TRAJECTORY_CHILD) and not self.keep_trajectory_spans:
+        # a trajectory's direct child: marked by otel_verl's ops, or (any other span) recognised
+        # by its parent being a trajectory span of this batch
+        extras = self._trajectory_extras.get(parent.span_id) if parent is not None else None
+        if (extras is not None or attrs.get(c.OTEL_VERL_TRAJECTORY_CHILD)) and (
+            not self.keep_trajectory_spans
+        ):
             parent_id = None
-            if parent is not None and self._trajectory_extras:
-                extras = self._trajectory_extras.get(parent.span_id)
-                if extras:
-                    call_attrs.update(extras)  # the span's own values (below) take precedence
+            if extras:
+                call_attrs.update(extras)  # the span's own values (below) take precedence
         raw_in = attrs.get(c.INPUT_VALUE)
         raw_out = attrs.get(c.OUTPUT_VALUE)
         inputs: Any = None
