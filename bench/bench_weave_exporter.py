@@ -30,7 +30,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from otel_weave_exporter import WeaveSpanExporter
 from otel_weave_exporter._encode import encode_call
 from otel_weave_exporter._translate import Translator
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
-            OTLPSpanExporter = None  # noqa: N806
+            OTLPSpanExporter = None
 
         print(f"batch={BATCH} spans, rounds={args.rounds}, exporter pinned to CPU 0, sink {url}")
         print("µs per span, CPU of the exporter's thread (wall in brackets); spans/s = 1e6 / CPU µs")

@@ -30,7 +30,7 @@ class Recorder:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 rec.requests.append(
                     {"path": self.path, "headers": dict(self.headers.items()), "body": raw}
@@ -70,7 +70,7 @@ class Recorder:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -20,8 +20,8 @@ for _k, _v in {
 
 sys.path.insert(0, str(Path(__file__).parent))  # the _helpers next to this file
 
-from _common import API_KEY  # noqa: E402
-from _recorder import Recorder  # noqa: E402
+from _common import API_KEY
+from _recorder import Recorder
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,9 +10,8 @@ import time
 import pytest
 from _common import API_KEY, PROJECT_ID
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from otel_weave_exporter import WeaveSpanExporter
 
 TIMEOUT_S = 0.6

@@ -22,7 +22,7 @@ class ToolFailed(RuntimeError):
     pass
 
 
-from otel_verl import SpanKindName, get_tracer, rollout_trace_op  # noqa: E402
+from otel_verl import SpanKindName, get_tracer, rollout_trace_op
 
 
 class CalcTool:

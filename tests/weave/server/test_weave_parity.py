@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 # every test here uses the weave_server fixture, which needs weave==0.52.42 + trace-server extras
-
 from _common import API_KEY
 from _rollout import TRAJECTORIES, OtelDriver, VerlWeaveDriver, otel_sdk_provider
 from otel_weave_exporter import WeaveSpanExporter
@@ -110,5 +107,5 @@ def test_verl_weave_backend_and_otel_exporter_produce_the_same_calls(weave_serve
     assert all(c.wb_run_step is None for c in verl_calls)
     assert all(c.wb_run_step == c.attributes["step"] for c in otel_calls)
     # the server derives the same status for both
-    status = lambda calls: sorted(c.summary["weave"]["status"] for c in calls)  # noqa: E731
+    status = lambda calls: sorted(c.summary["weave"]["status"] for c in calls)
     assert status(verl_calls) == status(otel_calls)

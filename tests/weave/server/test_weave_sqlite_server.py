@@ -8,7 +8,6 @@ import json
 import pytest
 
 # every test here uses the weave_server fixture, which needs weave==0.52.42 + trace-server extras
-
 from _common import API_KEY, PROJECT_ID
 from _rollout import (
     COMPLETION_TOKENS,
@@ -195,12 +194,11 @@ def test_oversized_call_is_shrunk_with_markers_and_accepted(weave_server):
     from _rollout import otel_sdk_provider as provider
 
     exporter = _exporter(weave_server, max_call_bytes=20_000, max_request_bytes=100_000)
-    with provider(exporter) as tracer:
-        with tracer.start_as_current_span("big", attributes={
-            "input.value": json.dumps({"prompt": "x" * 200_000, "ids": list(range(50_000))}),
-            "output.value": json.dumps({"text": "y" * 10}),
-        }):
-            pass
+    with provider(exporter) as tracer, tracer.start_as_current_span("big", attributes={
+        "input.value": json.dumps({"prompt": "x" * 200_000, "ids": list(range(50_000))}),
+        "output.value": json.dumps({"text": "y" * 10}),
+    }):
+        pass
     assert exporter.stats()["calls_truncated"] == 1
     (call,) = weave_server.calls(PROJECT_ID)
     assert call.attributes["weave_exporter_truncated"] == ["inputs"]

@@ -130,7 +130,7 @@ def default_entity(api_key: str, timeout_s: float = 5.0) -> str | None:
         method="POST",
     )
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) only
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             doc = json.loads(resp.read(1 << 20))
         return ((doc.get("data") or {}).get("viewer") or {}).get("defaultEntity", {}).get("name")
     except Exception as exc:  # no network, bad key, odd answer: the caller raises a clear error
