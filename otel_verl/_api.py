@@ -88,9 +88,11 @@ _RUNTIME: _Runtime | None = None
 _LOCK = threading.RLock()
 
 
-def _current_trajectory_attrs() -> Mapping[str, Any] | None:
+def _current_trajectory_attrs() -> tuple[Mapping[str, Any], int | None] | None:
     traj = _TRAJ.get()
-    return traj.attrs if traj is not None and traj.enabled else None
+    if traj is None or not traj.enabled:
+        return None
+    return traj.attrs, (traj.span.get_span_context().span_id if traj.span is not None else None)
 
 
 # --- RolloutTraceConfig --------------------------------------------------------------------------

@@ -30,17 +30,32 @@ class TrajectoryAttributesProcessor(SpanProcessor):
     """Adds the current trajectory's attributes to spans that were started without them.
 
     Spans made by ``rollout_trace_op`` already carry them (passed at start, which is cheaper);
-    this covers spans made with ``get_tracer()`` and by libraries using otel_verl's provider.
+    this covers spans made with ``get_tracer()`` and by libraries using otel_verl's provider, and
+    marks those whose parent is the trajectory span (``child_marker``), as ops are marked.
+
+    Args:
+        current: returns (trajectory attributes, trajectory span id or None), or None outside a
+            recorded trajectory.
+        marker: an attribute every trajectory-tagged span has (to skip spans already tagged).
+        child_marker: set to True on direct children of the trajectory span.
     """
 
-    def __init__(self, current: Callable[[], Mapping[str, Any] | None], marker: str) -> None:
+    def __init__(self, current: Callable[[], tuple[Mapping[str, Any], int | None] | None],
+                 marker: str, child_marker: str) -> None:
         self._current = current
         self._marker = marker
+        self._child_marker = child_marker
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        attrs = self._current()
-        if attrs and span.attributes.get(self._marker) is None:
-            span.set_attributes(attrs)
+        current = self._current()
+        if not current or span.attributes.get(self._marker) is not None:
+            return
+        attrs, trajectory_span_id = current
+        span.set_attributes(attrs)
+        parent = span.parent
+        if parent is not None and trajectory_span_id is not None and \
+                parent.span_id == trajectory_span_id:
+            span.set_attribute(self._child_marker, True)
 
     def on_end(self, span: ReadableSpan) -> None:
         pass

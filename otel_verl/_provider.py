@@ -101,14 +101,14 @@ def _spooling(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
 
 def build_provider(
     config: TraceConfig,
-    current_trajectory: Callable[[], Mapping[str, Any] | None],
+    current_trajectory: Callable[[], tuple[Mapping[str, Any], int | None] | None],
     exporter: SpanExporter | None = None,
 ) -> tuple[TracerProvider, SpanExporter, SpanProcessor]:
     """A TracerProvider with the trajectory-attributes processor and one export processor.
 
     Args:
         config: the resolved configuration (``config.enabled`` must be true).
-        current_trajectory: returns the current trajectory's attributes (or None).
+        current_trajectory: returns the current trajectory's (attributes, span id), or None.
         exporter: replaces the backend's exporter (tests, custom sinks).
 
     Returns:
@@ -116,8 +116,8 @@ def build_provider(
     """
     exporter = exporter if exporter is not None else build_exporter(config)
     provider = TracerProvider(resource=build_resource(config))
-    provider.add_span_processor(
-        TrajectoryAttributesProcessor(current_trajectory, semconv.ROLLOUT_EXPERIMENT_NAME))
+    provider.add_span_processor(TrajectoryAttributesProcessor(
+        current_trajectory, semconv.ROLLOUT_EXPERIMENT_NAME, semconv.OTEL_VERL_TRAJECTORY_CHILD))
     if config.processor == "simple":
         processor: SpanProcessor = SimpleSpanProcessor(exporter)
     else:

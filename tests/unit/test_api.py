@@ -139,6 +139,7 @@ def test_trajectory_attributes_on_every_span(spans):
         assert attrs[semconv.ROLLOUT_EXPERIMENT_NAME] == "exp"
         assert got[name].context.trace_id == root.context.trace_id
     assert got["Agent.run"].attributes[semconv.OTEL_VERL_TRAJECTORY_CHILD] is True
+    assert got["hand_made"].attributes[semconv.OTEL_VERL_TRAJECTORY_CHILD] is True
     assert semconv.OTEL_VERL_TRAJECTORY_CHILD not in got["Agent.turn"].attributes
     assert got["Agent.run"].parent.span_id == root.context.span_id
 
