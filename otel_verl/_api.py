@@ -608,33 +608,85 @@ class _OpSpec:
         return owner, inputs
 
 
-def _start(spec: _OpSpec, runtime: _Runtime, traj: _Trajectory | None,
-           args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Span, Any, Any]:
-    """Start the op span and capture inputs; returns (span, owner, context token)."""
-    attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: spec.kind}
-    if traj is not None:
-        attrs.update(traj.attrs)
-        if traj.span is not None and otel_trace.get_current_span() is traj.span:
-            attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
-    owner = None
-    if spec.capture_input:
-        owner, inputs = spec.bind(args, kwargs)
-        attrs.update(_payload_attrs(runtime, inputs, _UNSET, {}))  # one attribute pass, at start
-    elif spec.has_self and args:
-        owner = args[0]
-    span = runtime.tracer.start_span(spec.name, attributes=attrs)
-    token = otel_context.attach(otel_trace.set_span_in_context(span))
-    return span, owner, token
+class _OpCall:
+    """One recorded call of a traced function: start, then exactly one of ``end`` or ``fail``.
 
+    The single core behind the four adapters (sync, async, generator, async generator). Every
+    step that is otel_verl's own work is guarded: a bug here is logged, the user's call goes on.
+    """
 
-def _finish(spec: _OpSpec, runtime: _Runtime, span: Span, output: Any,
-            extra: Mapping[str, Any] | None = None) -> None:
-    if spec.capture_output:
-        traced = output
-        if extra:
-            traced = dict(_as_dict(output), **extra)
-        set_payload(span, output=traced)
-    span.end()
+    __slots__ = ("spec", "runtime", "span", "owner", "token")
+
+    def __init__(self, spec: _OpSpec, runtime: _Runtime, span: Span, owner: Any,
+                 token: Any) -> None:
+        self.spec, self.runtime, self.span, self.owner, self.token = (spec, runtime, span, owner,
+                                                                      token)
+
+    @classmethod
+    def begin(cls, spec: _OpSpec, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> _OpCall | None:
+        """Start the span (current from now on) and capture inputs; None when not recording."""
+        runtime = _RUNTIME
+        if runtime is None:
+            return None
+        traj = _TRAJ.get()
+        if traj is not None and not traj.enabled:
+            return None
+        try:
+            attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: spec.kind}
+            if traj is not None:
+                attrs.update(traj.attrs)
+                if traj.span is not None and otel_trace.get_current_span() is traj.span:
+                    attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
+            owner = None
+            if spec.capture_input:
+                owner, inputs = spec.bind(args, kwargs)
+                attrs.update(_payload_attrs(runtime, inputs, _UNSET, {}))  # one pass, at start
+            elif spec.has_self and args:
+                owner = args[0]
+            span = runtime.tracer.start_span(spec.name, attributes=attrs)
+            token = otel_context.attach(otel_trace.set_span_in_context(span))
+        except Exception as exc:
+            _errors.internal_error(exc, f"starting span {spec.name}")
+            return None
+        return cls(spec, runtime, span, owner, token)
+
+    def detach(self) -> None:
+        """Stop being the current span (generators re-enter with ``step_context``)."""
+        if self.token is not None:
+            otel_context.detach(self.token)
+            self.token = None
+
+    def step_context(self) -> Any:
+        """Make the span current for one step of a generator; detach the returned token."""
+        return otel_context.attach(otel_trace.set_span_in_context(self.span))
+
+    def wants_text(self) -> bool:
+        return (self.runtime.config.token2text and self.spec.capture_output
+                and getattr(self.owner, "tokenizer", None) is not None)
+
+    def texts(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+              output: Any) -> dict[str, str] | None:
+        """token2text: decoded prompt/response text (never raises)."""
+        try:
+            return _token_texts(self.owner, kwargs, output)
+        except Exception as exc:
+            _errors.internal_error(exc, f"token2text in {self.spec.name}")
+            return None
+
+    def end(self, output: Any, extra: Mapping[str, Any] | None = None) -> None:
+        self.detach()
+        try:
+            if self.spec.capture_output:
+                set_payload(self.span, output=dict(_as_dict(output), **extra) if extra else output)
+            self.span.end()
+        except Exception as exc:
+            _errors.internal_error(exc, f"finishing span {self.spec.name}")
+
+    def fail(self, exc: BaseException) -> None:
+        self.detach()
+        _record_failure(self.span, exc)
+        self.span.end()
 
 
 def _as_dict(output: Any) -> dict[str, Any]:
@@ -654,31 +706,14 @@ def _as_dict(output: Any) -> dict[str, Any]:
     return {"output": output}
 
 
-def _fail(span: Span, exc: BaseException) -> None:
-    _record_failure(span, exc)
-    span.end()
-
-
-def _active() -> tuple[_Runtime | None, _Trajectory | None]:
-    runtime = _RUNTIME
-    if runtime is None:
-        return None, None
-    traj = _TRAJ.get()
-    if traj is not None and not traj.enabled:
-        return None, None
-    return runtime, traj
-
-
 # token2text: decoded text of prompt/response ids, added to a copy of the traced output ---------
 
 _TEXT_FIELDS = (("prompt_ids", "prompt_text"), ("response_ids", "response_text"),
                 ("token_ids", "response_text"))
 
 
-def _token_texts(owner: Any, inputs_args: tuple[Any, ...], kwargs: dict[str, Any],
-                 output: Any) -> dict[str, str] | None:
-    tokenizer = getattr(owner, "tokenizer", None)
-    decode = getattr(tokenizer, "decode", None)
+def _token_texts(owner: Any, kwargs: dict[str, Any], output: Any) -> dict[str, str] | None:
+    decode = getattr(getattr(owner, "tokenizer", None), "decode", None)
     if decode is None:
         return None
     texts: dict[str, str] = {}
@@ -694,11 +729,7 @@ def _token_texts(owner: Any, inputs_args: tuple[Any, ...], kwargs: dict[str, Any
     return texts or None
 
 
-def _want_text(runtime: _Runtime, spec: _OpSpec) -> bool:
-    return runtime.config.token2text and spec.capture_output
-
-
-# the four adapters -------------------------------------------------------------------------------
+# the four adapters: only the shape of the call differs ------------------------------------------
 
 
 def _sync_wrapper(spec: _OpSpec) -> Callable[..., Any]:
@@ -706,27 +737,15 @@ def _sync_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runtime, traj = _active()
-        if runtime is None:
-            return fn(*args, **kwargs)
-        try:
-            span, owner, token = _start(spec, runtime, traj, args, kwargs)
-        except Exception as exc:
-            _errors.internal_error(exc, f"starting span {spec.name}")
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
             return fn(*args, **kwargs)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            otel_context.detach(token)
-            _fail(span, exc)
+            call.fail(exc)
             raise
-        otel_context.detach(token)
-        try:
-            extra = (_token_texts(owner, args, kwargs, result)
-                     if _want_text(runtime, spec) else None)
-            _finish(spec, runtime, span, result, extra)
-        except Exception as exc:
-            _errors.internal_error(exc, f"finishing span {spec.name}")
+        call.end(result, call.texts(args, kwargs, result) if call.wants_text() else None)
         return result
 
     return wrapper
@@ -737,30 +756,20 @@ def _async_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runtime, traj = _active()
-        if runtime is None:
-            return await fn(*args, **kwargs)
-        try:
-            span, owner, token = _start(spec, runtime, traj, args, kwargs)
-        except Exception as exc:
-            _errors.internal_error(exc, f"starting span {spec.name}")
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
             return await fn(*args, **kwargs)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            otel_context.detach(token)
-            _fail(span, exc)
+            call.fail(exc)
             raise
-        otel_context.detach(token)
-        try:
-            extra = None
-            if _want_text(runtime, spec) and getattr(owner, "tokenizer", None) is not None:
-                # decoding can take milliseconds: keep it off the event loop's thread
-                extra = await asyncio.get_running_loop().run_in_executor(
-                    None, _token_texts, owner, args, kwargs, result)
-            _finish(spec, runtime, span, result, extra)
-        except Exception as exc:
-            _errors.internal_error(exc, f"finishing span {spec.name}")
+        extra = None
+        if call.wants_text():  # decoding can take milliseconds: off the event loop's thread
+            call.detach()
+            extra = await asyncio.get_running_loop().run_in_executor(
+                None, call.texts, args, kwargs, result)
+        call.end(result, extra)
         return result
 
     return wrapper
@@ -774,48 +783,38 @@ def _gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runtime, traj = _active()
-        if runtime is None:
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
             return (yield from fn(*args, **kwargs))
-        span, _, token = _start(spec, runtime, traj, args, kwargs)
-        otel_context.detach(token)
-        ctx = otel_trace.set_span_in_context(span)
+        call.detach()  # the span is current only while the generator's own code runs
         gen = fn(*args, **kwargs)
         items: list[Any] = []
         to_send: Any = None
+        pending: BaseException | None = None
         while True:
-            step_token = otel_context.attach(ctx)
+            token = call.step_context()
             try:
-                item = gen.send(to_send)
+                item = gen.throw(pending) if pending is not None else gen.send(to_send)
             except StopIteration as stop:
-                otel_context.detach(step_token)
-                _finish(spec, runtime, span, items if stop.value is None else stop.value)
+                otel_context.detach(token)
+                call.end(items if stop.value is None else stop.value)
                 return stop.value
             except BaseException as exc:
-                otel_context.detach(step_token)
-                _fail(span, exc)
+                otel_context.detach(token)
+                call.fail(exc)
                 raise
-            otel_context.detach(step_token)
+            otel_context.detach(token)
+            pending = None
             if len(items) < _MAX_YIELDS_KEPT:
                 items.append(item)
             try:
                 to_send = yield item
             except GeneratorExit:
                 gen.close()
-                _finish(spec, runtime, span, items)
+                call.end(items)
                 raise
-            except BaseException as exc:  # thrown in by the caller: forward it
-                try:
-                    to_send = None
-                    item = gen.throw(exc)
-                except StopIteration as stop:
-                    _finish(spec, runtime, span, items)
-                    return stop.value
-                except BaseException as inner:
-                    _fail(span, inner)
-                    raise
-                items.append(item)
-                to_send = yield item
+            except BaseException as exc:  # thrown in by the caller: forward it to the generator
+                pending, to_send = exc, None
 
     return wrapper
 
@@ -825,36 +824,34 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runtime, traj = _active()
-        if runtime is None:
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
             async for item in fn(*args, **kwargs):
                 yield item
             return
-        span, _, token = _start(spec, runtime, traj, args, kwargs)
-        otel_context.detach(token)
-        ctx = otel_trace.set_span_in_context(span)
+        call.detach()
         agen = fn(*args, **kwargs)
         items: list[Any] = []
         while True:
-            step_token = otel_context.attach(ctx)
+            token = call.step_context()
             try:
                 item = await agen.__anext__()
             except StopAsyncIteration:
-                otel_context.detach(step_token)
-                _finish(spec, runtime, span, items)
+                otel_context.detach(token)
+                call.end(items)
                 return
             except BaseException as exc:
-                otel_context.detach(step_token)
-                _fail(span, exc)
+                otel_context.detach(token)
+                call.fail(exc)
                 raise
-            otel_context.detach(step_token)
+            otel_context.detach(token)
             if len(items) < _MAX_YIELDS_KEPT:
                 items.append(item)
             try:
                 yield item
             except GeneratorExit:
                 await agen.aclose()
-                _finish(spec, runtime, span, items)
+                call.end(items)
                 raise
 
     return wrapper

@@ -347,3 +347,37 @@ def test_numpy_trajectory_attributes_are_plain_numbers(spans):
     (span,) = spans.get_finished_spans()
     assert span.attributes[semconv.ROLLOUT_SAMPLE_INDEX] == 5
     assert span.attributes[semconv.ROLLOUT_STEP] == 2
+
+
+def test_generator_send_and_throw_are_forwarded(spans):
+    @rollout_trace_op
+    def echo():
+        received = []
+        while True:
+            try:
+                value = yield len(received)
+            except ValueError:
+                value = "thrown"
+            if value is None:
+                return received
+            received.append(value)
+
+    gen = echo()
+    assert next(gen) == 0
+    assert gen.send("a") == 1
+    assert gen.throw(ValueError("x")) == 2
+    with pytest.raises(StopIteration) as stop:
+        gen.send(None)
+    assert stop.value.value == ["a", "thrown"]
+    (span,) = spans.get_finished_spans()
+    assert json.loads(span.attributes[semconv.OUTPUT_VALUE]) == ["a", "thrown"]
+    assert span.status.status_code is StatusCode.UNSET
+
+
+def test_generator_closed_early_still_ends_its_span(spans):
+    agent = Agent()
+    gen = agent.numbers(10)
+    assert next(gen) == 0
+    gen.close()
+    (span,) = spans.get_finished_spans()
+    assert json.loads(span.attributes[semconv.OUTPUT_VALUE]) == [0]
