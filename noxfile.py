@@ -139,7 +139,9 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks of the core (ratios measured side by side in one run)."""
     _install(session, "weave.txt", weave_exporter=True)
-    session.install("rotel==0.0.1a15")  # bench_otlp sends through a real collector
+    # bench_otlp sends through a real collector with the standard OTLP exporters
+    session.install("rotel==0.0.1a15", "opentelemetry-exporter-otlp-proto-grpc>=1.30",
+                    "opentelemetry-exporter-otlp-proto-http>=1.30")
     for script in sorted((ROOT / "bench").glob("bench_*.py")):
         if script.name in ("bench_rollout.py",):
             continue  # needs the engine venv: `nox -s bench_engine`
