@@ -51,15 +51,20 @@ _SECRET_VALUE = re.compile(
     r"|\bAKIA[0-9A-Z]{16}\b)"                        # AWS access key ids
 )
 
-# cheap substring pre-checks (C speed) before the regular expressions above
-_SECRET_HINTS = ("Bearer", "Basic ", "sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "hf_", "AKIA")
-_HEX40 = re.compile(r"[0-9a-f]{40}")
+# cheap pre-checks (C speed) before the regular expressions above: a literal scan for the
+# prefixes, and a byte translation that turns any run of 40 hex characters into b"x" * 40
+# (a regular expression scanning token-id lists for 40-hex runs costs ~10x more)
+_SECRET_HINTS = re.compile(r"Bearer|Basic |sk-|gh[pousr]_|hf_|AKIA")
+_HEX_MASK = bytes(ord("x") if chr(i) in "0123456789abcdef" else ord(" ") for i in range(256))
+_HEX_RUN = b"x" * 40
 _KEY_WORDS = ("pass", "secret", "api", "auth", "token", "cookie", "credential", "private",
               "session", "access")
 
 
 def _may_hold_secret(text: str) -> bool:
-    return any(hint in text for hint in _SECRET_HINTS) or _HEX40.search(text) is not None
+    if _SECRET_HINTS.search(text) is not None:
+        return True
+    return _HEX_RUN in text.encode("utf-8", "surrogatepass").translate(_HEX_MASK)
 
 
 @functools.lru_cache(maxsize=4096)
