@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import threading
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, overload
 
@@ -41,7 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from otel_verl import _env, _errors, semconv
 from otel_verl._config import TraceConfig, resolve_config
-from otel_verl._payload import to_payload
+from otel_verl._payload import TRUNCATION_MARK, redact_text, to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler, normalise_index
 
@@ -385,11 +386,52 @@ def rollout_trace_attr(
 
 
 def _record_failure(span: Span, exc: BaseException) -> None:
+    """``record_exception`` + status ERROR, with the message and traceback scrubbed like payloads.
+
+    Exception texts carry URLs with keys and server answers often enough that they go through
+    the same redaction and caps as inputs and outputs.
+    """
     try:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:1024]))
+        if not span.is_recording():
+            return
+        kind = type(exc)
+        type_name = kind.__qualname__ if kind.__module__ == "builtins" else \
+            f"{kind.__module__}.{kind.__qualname__}"
+        message = scrub_text(str(exc))
+        trace_text = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+        span.add_event("exception", {
+            "exception.type": type_name,
+            "exception.message": message,
+            "exception.stacktrace": scrub_text(trace_text),
+            "exception.escaped": False,
+        })
+        span.set_status(Status(StatusCode.ERROR, f"{kind.__name__}: {message}"[:1024]))
     except Exception as inner:
         _errors.internal_error(inner, "recording an exception")
+
+
+def scrub_text(text: str, max_chars: int | None = None) -> str:
+    """Redact key-like values (when redaction is on) and cap a free-text attribute value.
+
+    For attributes outside ``input.value``/``output.value`` (tool arguments and results, error
+    messages): the same rules, applied to plain text.
+    """
+    runtime = _RUNTIME
+    config = runtime.config if runtime is not None else RolloutTraceConfig.get_instance().config
+    if config.redact:
+        text = redact_text(text)
+    limit = max_chars if max_chars is not None else config.max_field_bytes
+    if len(text) > limit:
+        text = text[:limit] + TRUNCATION_MARK.format(n=len(text) - limit)
+    return text
+
+
+def payload_json(value: Any) -> str:
+    """``value`` as capped, redacted JSON text (never raises), for attributes such as
+    ``gen_ai.tool.call.arguments``; the rules of ``input.value``."""
+    runtime = _RUNTIME
+    config = runtime.config if runtime is not None else RolloutTraceConfig.get_instance().config
+    return to_payload(value, max_bytes=config.max_field_bytes, redact=config.redact).json
 
 
 def is_recording() -> bool:
@@ -832,10 +874,13 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
         call.detach()
         agen = fn(*args, **kwargs)
         items: list[Any] = []
+        to_send: Any = None
+        pending: BaseException | None = None
         while True:
             token = call.step_context()
             try:
-                item = await agen.__anext__()
+                item = await (agen.athrow(pending) if pending is not None else
+                              agen.asend(to_send))
             except StopAsyncIteration:
                 otel_context.detach(token)
                 call.end(items)
@@ -845,14 +890,17 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
                 call.fail(exc)
                 raise
             otel_context.detach(token)
+            pending = None
             if len(items) < _MAX_YIELDS_KEPT:
                 items.append(item)
             try:
-                yield item
+                to_send = yield item
             except GeneratorExit:
                 await agen.aclose()
                 call.end(items)
                 raise
+            except BaseException as exc:  # thrown in by the caller: forward it to the generator
+                pending, to_send = exc, None
 
     return wrapper
 

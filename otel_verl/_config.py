@@ -119,8 +119,8 @@ def _parse_positive_float(value: Any) -> float:
         number = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"expected a positive number, got {value!r}") from None
-    if not number > 0:
-        raise ConfigError(f"expected a positive number, got {value!r}")
+    if not 0 < number <= 86400:  # also rejects nan and inf (a thread cannot wait forever)
+        raise ConfigError(f"expected a positive number of seconds up to 86400, got {value!r}")
     return number
 
 
@@ -164,7 +164,10 @@ class _Field:
 
 
 def _ms_to_s(value: Any) -> float:
-    return _parse_positive_float(value) / 1000.0
+    try:
+        return _parse_positive_float(float(value) / 1000.0)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected a positive number of milliseconds, got {value!r}") from None
 
 
 _FIELDS: tuple[_Field, ...] = (

@@ -113,7 +113,7 @@ class _Walker:
         try:
             return self._container(obj, kind, depth)
         except Exception as exc:  # a hostile __iter__, __getattr__, model_dump, ...
-            self.errors.append(f"{kind.__qualname__}: {type(exc).__name__}: {exc}"[:300])
+            self.errors.append(redact_text(f"{kind.__qualname__}: {type(exc).__name__}: {exc}")[:300])
             return f"<unserialisable {kind.__qualname__}>"
         finally:
             self._active.discard(ident)
@@ -224,7 +224,7 @@ def _dumps(value: Any) -> str:
 
 
 #: a JSON object key in serialised text (for a key with an escaped quote, the part after it)
-_JSON_KEY = re.compile(r'"([^"\\]{1,128})":')
+_JSON_KEY = re.compile(r'"([^"\\]+)":')
 
 
 class _NeedsWalk(Exception):

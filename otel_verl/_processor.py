@@ -156,6 +156,7 @@ class BoundedBatchProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         if self._stopped:
             return not self._queue
+        deadline = time.monotonic() + timeout_millis / 1000.0
         event = threading.Event()
         with self._cond:
             self._flush_requests.append(event)
@@ -164,8 +165,9 @@ class BoundedBatchProcessor(SpanProcessor):
         if done:
             exporter_flush = getattr(self.exporter, "force_flush", None)
             if exporter_flush is not None:
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
                 try:
-                    done = bool(exporter_flush(timeout_millis))
+                    done = bool(exporter_flush(left_ms))
                 except Exception as exc:
                     _errors.internal_error(exc, "exporter.force_flush raised")
                     done = False

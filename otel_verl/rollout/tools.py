@@ -16,7 +16,6 @@ execute_tool``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.cal
 from __future__ import annotations
 
 import ast
-import json
 import math
 import operator
 from dataclasses import dataclass, field
@@ -46,10 +45,10 @@ def _annotate_tool_span(name: str, call_id: str, arguments: Any, result: str) ->
     if not otel_verl.is_recording():
         return
     span = trace.get_current_span()
-    try:
-        args_text = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    except (TypeError, ValueError):
-        args_text = repr(arguments)
+    # same redaction and caps as input.value/output.value
+    args_text = (otel_verl.scrub_text(arguments) if isinstance(arguments, str)
+                 else otel_verl.payload_json(arguments))
+    result = otel_verl.scrub_text(result)
     span.set_attributes(
         {
             semconv.GEN_AI_OPERATION_NAME: GenAIOperation.EXECUTE_TOOL,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import otel_verl
@@ -9,6 +11,7 @@ from otel_verl import semconv
 from otel_verl.rollout.parsers import HermesToolParser
 from otel_verl.rollout.reward import Gsm8kReward, extract_answer, score_answer
 from otel_verl.rollout.tools import CalculatorTool, safe_eval
+from otel_verl.testing import capture_spans
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
 
@@ -95,7 +98,7 @@ async def test_calculator_results_and_errors_are_traced(spans):
     assert first[semconv.GEN_AI_OPERATION_NAME] == "execute_tool"
     assert first[semconv.GEN_AI_TOOL_NAME] == "calculator"
     assert first[semconv.GEN_AI_TOOL_CALL_ID] == "call_1"
-    assert first[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] == '{"expression": "6*7"}'
+    assert json.loads(first[semconv.GEN_AI_TOOL_CALL_ARGUMENTS]) == {"expression": "6*7"}
     assert first[semconv.GEN_AI_TOOL_CALL_RESULT] == "42"
     assert first[semconv.OPENINFERENCE_SPAN_KIND] == "TOOL"
     assert first[semconv.ROLLOUT_ROLLOUT_N] == 2
@@ -141,3 +144,23 @@ async def test_everything_works_with_tracing_off():
     assert (await CalculatorTool().execute("c", {"expression": "1+1"})).text == "2"
     assert await Gsm8kReward().compute_score("#### 2", "2") == 1.0
     assert (await HermesToolParser().extract_tool_calls(CALL))[1][0].name == "calculator"
+
+
+async def test_tool_arguments_and_results_are_redacted_and_capped():
+    from otel_verl.rollout.tools import BaseTool, ToolResponse
+
+    class Leaky(BaseTool):
+        name = "leaky"
+        description = "returns a secret"
+        parameters = {"type": "object", "properties": {}}
+
+        async def _run(self, arguments):
+            return ToolResponse(text="token sk-abcdefghijklmnopqrstu " + "y" * 5000)
+
+    with capture_spans(max_field_bytes=1024) as exporter:
+        await Leaky().execute("c1", {"api_key": "hunter2", "q": "x"})
+    (span,) = exporter.get_finished_spans()
+    args = json.loads(span.attributes[semconv.GEN_AI_TOOL_CALL_ARGUMENTS])
+    assert args == {"api_key": "[REDACTED]", "q": "x"}
+    result = span.attributes[semconv.GEN_AI_TOOL_CALL_RESULT]
+    assert "sk-abcdefghijklmnopqrstu" not in result and len(result) < 1200

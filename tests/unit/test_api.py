@@ -381,3 +381,48 @@ def test_generator_closed_early_still_ends_its_span(spans):
     gen.close()
     (span,) = spans.get_finished_spans()
     assert json.loads(span.attributes[semconv.OUTPUT_VALUE]) == [0]
+
+
+def test_async_generator_asend_and_athrow_are_forwarded(spans):
+    @rollout_trace_op
+    async def echo():
+        got = []
+        while True:
+            try:
+                value = yield len(got)
+            except ValueError:
+                value = "thrown"
+            if value is None:
+                return
+            got.append(value)
+
+    async def drive():
+        gen = echo()
+        assert await gen.__anext__() == 0
+        assert await gen.asend("a") == 1
+        assert await gen.athrow(ValueError("x")) == 2
+        with pytest.raises(StopAsyncIteration):
+            await gen.asend(None)
+
+    asyncio.run(drive())
+    (span,) = spans.get_finished_spans()
+    assert json.loads(span.attributes[semconv.OUTPUT_VALUE]) == [0, 1, 2]
+
+
+def test_exception_text_is_redacted(spans):
+    @rollout_trace_op
+    def call_api():
+        raise ConnectionError("GET https://x/api?key=1 failed: Bearer abcdefghijklmnop1234 "
+                              "rejected, key sk-abcdefghijklmnopqrstu")
+
+    with rollout_trace_attr(sample_index=1, name="traj"):
+        with pytest.raises(ConnectionError, match="sk-abcdefghijklmnopqrstu"):  # unchanged for the caller
+            call_api()
+    for span in spans.get_finished_spans():
+        texts = [span.status.description or ""] + [
+            str(v) for e in span.events for v in e.attributes.values()]
+        assert not any("abcdefghijklmnop1234" in t or "sk-abcdefghijklmnopqrstu" in t
+                       for t in texts), span.name
+    op = by_name(spans)["test_exception_text_is_redacted.<locals>.call_api"]
+    assert "[REDACTED]" in op.events[0].attributes["exception.message"]
+    assert op.events[0].attributes["exception.type"] == "ConnectionError"

@@ -138,3 +138,10 @@ def test_init_from_env_without_configuration_is_off(monkeypatch):
 def test_defaults_are_documented_values():
     config = TraceConfig()
     assert config.redact is True and config.token2text is False and config.enabled
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "-1", "0"])
+def test_delays_must_be_finite_and_positive(bad):
+    with pytest.raises(ConfigError, match="schedule_delay_s"):
+        resolve_config({"schedule_delay_s": bad}, None, {})
+    assert resolve_config({}, None, {"OTEL_BSP_SCHEDULE_DELAY": bad}).schedule_delay_s == 1.0

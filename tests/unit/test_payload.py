@@ -155,3 +155,9 @@ json_values = st.recursive(
 @given(json_values, st.integers(min_value=256, max_value=4096))
 def test_always_valid_json_within_cap(value, cap):
     load(value, max_bytes=cap)
+
+
+def test_long_sensitive_key_is_redacted_on_the_fast_path():
+    key = "my_" + "x" * 200 + "_password"
+    data, payload = load({key: "hunter2"})
+    assert data[key] == REDACTED and payload.redacted == 1
