@@ -41,6 +41,7 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONUNBUFFERED": "1",
+    "OTEL_VERL_NO_SKIPS": "1",  # tests/conftest.py: a skipped test fails the tier
     "NO_PROXY": "127.0.0.1,localhost",
     "no_proxy": "127.0.0.1,localhost",
 }
@@ -51,7 +52,8 @@ def _install(session: nox.Session, *requirement_files: str, torch: bool = False,
     """Install a tier's requirements (only when they changed) and the project itself."""
     files = [REQ / name for name in requirement_files]
     digest = hashlib.sha256()
-    for path in files:
+    # the project's own dependency lists count too: the project is installed with --no-deps
+    for path in (*files, ROOT / "pyproject.toml", ROOT / "exporters" / "weave" / "pyproject.toml"):
         digest.update(path.read_bytes())
     digest.update(b"torch" if torch else b"")
     stamp = Path(session.virtualenv.location) / ".otel_verl_requirements"
@@ -65,6 +67,8 @@ def _install(session: nox.Session, *requirement_files: str, torch: bool = False,
             constraint = ["-c", str(REQ / "torch-cpu.txt")]
         for path in files:
             session.install("-r", str(path), *constraint)
+        # the dependencies the packages themselves declare (the editable installs below skip them)
+        session.install(str(ROOT), *constraint)
         stamp.write_text(digest.hexdigest())
     session.install("--no-deps", "-e", str(ROOT))
     if weave_exporter:

@@ -1,8 +1,14 @@
-"""Shared pytest setup: every test starts and ends with tracing reset."""
+"""Shared pytest setup: every test starts and ends with tracing reset; under nox, a skipped test
+fails the run (a tier that silently skips is not a passing tier)."""
+
+import os
 
 import pytest
 
 from otel_verl import RolloutTraceConfig
+
+#: set by noxfile.py for every tier
+NO_SKIPS = "OTEL_VERL_NO_SKIPS"
 
 
 @pytest.fixture(autouse=True)
@@ -10,3 +16,14 @@ def _reset_tracing():
     RolloutTraceConfig.reset()
     yield
     RolloutTraceConfig.reset()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get(NO_SKIPS) != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and exitstatus == 0:
+        reporter.write_line(f"{len(skipped)} test(s) skipped: every test of a tier must run "
+                            f"in its nox session ({NO_SKIPS}=1)", red=True)
+        session.exitstatus = 1
