@@ -49,6 +49,7 @@ __all__ = [
     "group_trajectories",
     "list_files",
     "read_spans",
+    "spans_from_otlp_json",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -322,7 +323,37 @@ def _span(raw: dict[str, Any], resource: dict[str, Any], scope: dict[str, str]) 
         ],
         "resource": resource,
         "scope": scope,
+        "parent_is_remote": _parent_is_remote(raw.get("flags")),
     }
+
+
+#: OTLP span flags: bit 8 says whether bit 9 (parent is remote) is known
+_FLAGS_HAS_IS_REMOTE = 0x100
+_FLAGS_IS_REMOTE = 0x200
+
+
+def _parent_is_remote(flags: Any) -> bool | None:
+    """From the span's OTLP flags (None when the sender does not say, e.g. older SDKs)."""
+    try:
+        flags = int(flags or 0)
+    except (TypeError, ValueError):
+        return None
+    if not flags & _FLAGS_HAS_IS_REMOTE:
+        return None
+    return bool(flags & _FLAGS_IS_REMOTE)
+
+
+def spans_from_otlp_json(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spans of one ``ExportTraceServiceRequest`` in OTLP/JSON form, as span dicts.
+
+    The same decoding as ``read_spans`` (bad spans are skipped and logged once).
+    """
+    stats = ReadStats()
+    resource_spans = _get(request, "resourceSpans", "resource_spans", None) or []
+    spans = list(_spans_of_request(resource_spans, stats, "<request>", 0))
+    if stats.bad_spans:
+        _logger.warning("otel_verl.store: skipped %d bad span(s) in a request", stats.bad_spans)
+    return spans
 
 
 # --- filtering ----------------------------------------------------------------------------------

@@ -38,14 +38,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from otel_verl.store import spans_from_otlp_json
+
 __all__ = ["OTLPReceiver", "joined_spans_only", "request_to_otlp_json"]
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
-# OTLP enum values -> the names otel_verl.store.read_spans uses
-_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
-_STATUS = ("UNSET", "OK", "ERROR")
-_FLAGS_HAS_IS_REMOTE = 0x100
-_FLAGS_IS_REMOTE = 0x200
 
 
 def _hex_ids(obj: Any) -> None:
@@ -84,57 +81,9 @@ def request_to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
     return data
 
 
-def _any_value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_any_value(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
-    return getattr(value, kind)
-
-
-def _attrs(kvs: Any) -> dict[str, Any]:
-    return {kv.key: _any_value(kv.value) for kv in kvs}
-
-
 def _plain_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
-    out = []
-    for rs in request.resource_spans:
-        resource = _attrs(rs.resource.attributes)
-        for ss in rs.scope_spans:
-            for span in ss.spans:
-                out.append(
-                    {
-                        "name": span.name,
-                        "trace_id": span.trace_id.hex(),
-                        "span_id": span.span_id.hex(),
-                        "parent_span_id": span.parent_span_id.hex() or None,
-                        "kind": _KINDS[span.kind] if span.kind < len(_KINDS) else str(span.kind),
-                        "start_ns": int(span.start_time_unix_nano),
-                        "end_ns": int(span.end_time_unix_nano),
-                        "attributes": _attrs(span.attributes),
-                        "status": {"code": _STATUS[span.status.code] if span.status.code < 3
-                                   else str(span.status.code), "message": span.status.message},
-                        "events": [
-                            {"name": e.name, "time_ns": int(e.time_unix_nano),
-                             "attributes": _attrs(e.attributes)}
-                            for e in span.events
-                        ],
-                        "resource": resource,
-                        "scope": ss.scope.name,
-                        "parent_is_remote": _parent_is_remote(span),
-                    }
-                )  # fmt: skip
-    return out
-
-
-def _parent_is_remote(span: Any) -> bool | None:
-    """From the span's OTLP flags (None when the sender does not say, e.g. older SDKs)."""
-    if not span.flags & _FLAGS_HAS_IS_REMOTE:
-        return None
-    return bool(span.flags & _FLAGS_IS_REMOTE)
+    """The request's spans as the local store's span dicts (one decoder for both)."""
+    return spans_from_otlp_json(request_to_otlp_json(request))
 
 
 def joined_spans_only(span: dict[str, Any]) -> bool:

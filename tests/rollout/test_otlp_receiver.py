@@ -41,7 +41,7 @@ def test_receives_sdk_export_and_writes_the_local_store(tmp_path, compression):
     engine = next(s for s in spans if s["name"] == "llm_request")
     assert engine["trace_id"] == f"{trace_id:032x}"
     assert engine["parent_span_id"] == f"{parent_id:016x}"
-    assert engine["kind"] == "SERVER" and engine["scope"] == "vllm.tracing.otel"
+    assert engine["kind"] == "SERVER" and engine["scope"]["name"] == "vllm.tracing.otel"
     assert engine["attributes"] == {"gen_ai.usage.completion_tokens": 7,
                                     "gen_ai.request.top_p": 0.5, "list": ["a", "b"]}
     assert engine["resource"]["service.name"] == "fake-vllm"

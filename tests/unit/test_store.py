@@ -374,3 +374,18 @@ def test_reward_falls_back_to_the_evaluation_event(tmp_path):
     provider.shutdown()
     (t,) = group_trajectories(read_spans(tmp_path))
     assert t.reward == 0.75 and t.status == "ok"
+
+
+def test_spans_from_otlp_json_reads_the_remote_parent_flag():
+    from otel_verl.store import spans_from_otlp_json
+
+    def one(flags):
+        span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "parentSpanId": "ef" * 8, "name": "s"}
+        if flags is not None:
+            span["flags"] = flags
+        (got,) = spans_from_otlp_json({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+        return got["parent_is_remote"]
+
+    assert one(0x300) is True
+    assert one(0x100) is False
+    assert one(None) is None
