@@ -5,6 +5,7 @@ Usage::
     otel-verl traces list [--dir D] [--step N] [--sample-index N] [--rollout-n N]
                           [--experiment NAME] [--validate | --no-validate] [--json]
     otel-verl traces show TRACE_ID_PREFIX [--dir D] [--json] [--full]
+    otel-verl traces compare TRACE_A TRACE_B [--dir D] [--json] [--full] [--differences-only]
     otel-verl traces replay SPOOL_DIR [--to otlp|console] [--endpoint URL]
                             [--protocol grpc|http/protobuf] [--remove]
     otel-verl demo [ARGS...]        # otel_verl.rollout.demo (needs the "rollout" extras)
@@ -23,6 +24,7 @@ import importlib
 import itertools
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -343,18 +345,15 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
-    prefix = args.trace_id.strip().lower()
+def _resolve_trace(prefix: str, trajectories: list[Trajectory], where: str) -> str | int:
+    """The one trace id starting with ``prefix``, or an exit status after saying why not."""
+    prefix = prefix.strip().lower()
     if not prefix:
         print("otel-verl: give a trace id (or a prefix of one)", file=sys.stderr)
         return 2
-    loaded = _load(args)
-    if loaded is None:
-        return 1
-    trajectories, _ = loaded
     trace_ids = sorted({t.trace_id for t in trajectories if t.trace_id.startswith(prefix)})
     if not trace_ids:
-        print(f"otel-verl: no trace id starts with {prefix!r} under {args.dir}", file=sys.stderr)
+        print(f"otel-verl: no trace id starts with {prefix!r} under {where}", file=sys.stderr)
         return 1
     if len(trace_ids) > 1:
         print(f"otel-verl: {prefix!r} is ambiguous; it starts {len(trace_ids)} trace ids:",
@@ -362,7 +361,19 @@ def _cmd_show(args: argparse.Namespace) -> int:
         for trace_id in trace_ids[:20]:
             print(f"  {trace_id}", file=sys.stderr)
         return 2
-    trace_id = trace_ids[0]
+    return trace_ids[0]
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    if not args.trace_id.strip():
+        return _resolve_trace(args.trace_id, [], args.dir)  # type: ignore[return-value]
+    loaded = _load(args)
+    if loaded is None:
+        return 1
+    trajectories, _ = loaded
+    trace_id = _resolve_trace(args.trace_id, trajectories, args.dir)
+    if isinstance(trace_id, int):
+        return trace_id
     chosen = [t for t in trajectories if t.trace_id == trace_id]
     out = sys.stdout
     if args.json:
@@ -380,6 +391,87 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for trajectory in chosen:
         out.write(_trajectory_label(trajectory) + "\n")
         _print_tree(trajectory.tree, args.full, out)
+    return 0
+
+
+_COMPARED = ("experiment", "step", "sample_index", "rollout_n", "validate", "reward", "turns",
+             "spans", "duration_ns", "status", "errors")
+
+
+def _steps(trajectory: Trajectory) -> list[tuple[int, dict[str, Any]]]:
+    """The trajectory's spans in order (the trajectory span itself left out)."""
+    return [(depth, span) for depth, span in trajectory.walk() if span is not trajectory.root]
+
+
+def _output_text(span: dict[str, Any]) -> str:
+    attrs = span["attributes"]
+    text = attrs.get(semconv.OUTPUT_VALUE)
+    if text is None and span["status"].get("code") == "ERROR":
+        text = "ERROR " + (span["status"].get("message") or "")
+    return "" if text is None else str(text)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    if loaded is None:
+        return 1
+    trajectories, _ = loaded
+    chosen: list[Trajectory] = []
+    for prefix in (args.trace_a, args.trace_b):
+        trace_id = _resolve_trace(prefix, trajectories, args.dir)
+        if isinstance(trace_id, int):
+            return trace_id
+        chosen.append(next(t for t in trajectories if t.trace_id == trace_id))
+    left, right = chosen
+    summaries = [t.summary() for t in chosen]
+    steps = [_steps(t) for t in chosen]
+    if args.json:
+        _dump_json({
+            "a": summaries[0], "b": summaries[1],
+            "steps": [
+                {side: (None if pair is None else {"name": pair[1]["name"],
+                                                     "output": _output_text(pair[1])})
+                 for side, pair in zip(("a", "b"), pairs)}
+                for pairs in itertools.zip_longest(*steps)
+            ],
+        }, sys.stdout)
+        return 0
+    out = sys.stdout
+    width = max(24, (shutil.get_terminal_size((160, 24)).columns - 8) // 2)
+    rows = [["", f"A {left.trace_id[:12]}", f"B {right.trace_id[:12]}", ""]]
+    for key in _COMPARED:
+        a, b = (summary.get(key) for summary in summaries)
+        shown = (_duration(a), _duration(b)) if key == "duration_ns" else (_cell(a), _cell(b))
+        rows.append(["duration" if key == "duration_ns" else key, *shown, "" if a == b else "≠"])
+    _table(rows, out)
+    out.write("\n")
+    differing = 0
+    for index, pairs in enumerate(itertools.zip_longest(*steps), start=1):
+        cells = []
+        for pair in pairs:
+            if pair is None:
+                cells.append(("", "—"))
+                continue
+            depth, span = pair
+            cells.append(("  " * (depth - 1) + span["name"], _output_text(span)))
+        same = cells[0] == cells[1]
+        differing += not same
+        if args.differences_only and same:
+            continue
+        mark = "  " if same else "≠ "
+        for part, limit in ((0, width), (1, width)):
+            a, b = cells[0][part], cells[1][part]
+            if part == 1 and not a and not b:
+                continue  # no output on either side (e.g. an engine span)
+            if part == 1 and not args.full:
+                a, b = _one_line(a, limit), _one_line(b, limit)
+            a_lines, b_lines = (a.splitlines() or [""]), (b.splitlines() or [""])
+            for a_line, b_line in itertools.zip_longest(a_lines, b_lines, fillvalue=""):
+                prefix = f"{mark}{index:3d} " if part == 0 and a_line is a_lines[0] else " " * 6
+                out.write(f"{prefix}{a_line:<{width}.{width}} │ {b_line}\n")
+                mark = "  " if same else "≠ "
+    out.write(f"\n{differing} of {max(len(steps[0]), len(steps[1]))} steps differ "
+              "(name or output)\n")
     return 0
 
 
@@ -460,7 +552,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="{traces,demo}")
     traces = commands.add_parser("traces", help="list and show trajectories in the local store")
-    traces_commands = traces.add_subparsers(dest="traces_command", metavar="{list,show,replay}")
+    traces_commands = traces.add_subparsers(dest="traces_command", metavar="{list,show,compare,replay}")
 
     list_p = traces_commands.add_parser("list", help="one line per trajectory")
     _add_store_options(list_p)
@@ -483,6 +575,18 @@ def _parser() -> argparse.ArgumentParser:
         "--full", action="store_true", help="untruncated inputs/outputs, all attributes, stacks"
     )
     show_p.set_defaults(handler=_cmd_show)
+
+    compare_p = traces_commands.add_parser(
+        "compare", help="two trajectories side by side: summary, then step by step"
+    )
+    compare_p.add_argument("trace_a", metavar="TRACE_A")
+    compare_p.add_argument("trace_b", metavar="TRACE_B")
+    _add_store_options(compare_p)
+    compare_p.add_argument("--full", action="store_true", help="whole outputs, not one line")
+    compare_p.add_argument(
+        "--differences-only", action="store_true", help="only the steps that differ"
+    )
+    compare_p.set_defaults(handler=_cmd_compare)
 
     replay_p = traces_commands.add_parser(
         "replay", help="send spooled spans (kept when a backend was down) to a backend"

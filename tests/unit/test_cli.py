@@ -365,3 +365,39 @@ async def test_real_api_to_file_backend_to_cli(tmp_path, capsys):
     assert '"prompt": "prompt 1"' in out.replace('":"', '": "')  # the bound argument
     assert "!! RuntimeError: tool server down" in out
 
+
+
+# --- compare ------------------------------------------------------------------------------------
+
+
+def test_compare_puts_two_trajectories_side_by_side(store, capsys):
+    directory, ids = store
+    rc, out, _ = _run(capsys, "traces", "compare", ids[(1, 0, 0)][:16], ids["failing"][:16],
+                      "--dir", str(directory))
+    assert rc == 0
+    summary = {line.split()[0]: line for line in out.splitlines()[:12] if line.strip()}
+    assert "≠" in summary["step"] and "≠" not in summary["sample_index"]
+    assert "≠" not in summary["reward"] and "≠" in summary["status"]
+    assert '{"answer":"s0r0"}' in out.replace(" ", "") and "CalculatorTool.execute" in out
+    assert "ERROR ZeroDivisionError" in out  # the failing step shows its error as its output
+    assert out.rstrip().endswith("steps differ (name or output)")
+    assert "1 of 3 steps differ" in out  # only the extra failing tool step; the rest is equal
+
+
+def test_compare_differences_only_and_json(store, capsys):
+    directory, ids = store
+    rc, out, _ = _run(capsys, "traces", "compare", ids[(1, 0, 0)][:16], ids[(2, 0, 0)][:16],
+                      "--dir", str(directory), "--differences-only")
+    assert rc == 0 and "0 of 2 steps differ" in out and "ToolAgentLoop.run" not in out
+    rc, out, _ = _run(capsys, "traces", "compare", ids[(1, 0, 0)][:16], ids[(1, 1, 1)][:16],
+                      "--dir", str(directory), "--json")
+    doc = json.loads(out)
+    assert doc["a"]["sample_index"] == 0 and doc["b"]["sample_index"] == 1
+    assert doc["steps"][0]["a"]["output"] != doc["steps"][0]["b"]["output"]
+
+
+def test_compare_unknown_trace(store, capsys):
+    directory, ids = store
+    rc, _, err = _run(capsys, "traces", "compare", ids[(1, 0, 0)][:16], "ffffffffffff",
+                      "--dir", str(directory))
+    assert rc == 1 and "no trace id starts with" in err
