@@ -115,7 +115,6 @@ class RolloutTraceConfig:
         self.token2text = config.token2text
         self.max_samples_per_step_per_worker = config.max_samples_per_step_per_worker
         self.client: SpanExporter | None = None
-        self._atexit_registered = False
 
     @classmethod
     def get_instance(cls) -> RolloutTraceConfig:
@@ -178,11 +177,7 @@ class RolloutTraceConfig:
             runtime = _Runtime(config, exporter)
             instance.client = runtime.exporter
             _RUNTIME = runtime
-            if not instance._atexit_registered:
-                atexit.register(_shutdown_at_exit)
-                instance._atexit_registered = True
-            if hasattr(os, "register_at_fork"):
-                os.register_at_fork(before=_flush_before_fork)
+            _register_process_hooks()
         cls._instance = instance
 
     @classmethod
@@ -305,6 +300,21 @@ def _report_losses(runtime: _Runtime) -> None:
         _log.warning("otel_verl: not every span was delivered: %s%s", lost,
                      f" ({counts['spooled']} kept in the spool for replay)"
                      if counts.get("spooled") else "")
+
+
+_HOOKS_REGISTERED = False
+
+
+def _register_process_hooks() -> None:
+    """Flush before fork and shut down at exit: registered once per process, whatever the
+    number of init/reset cycles."""
+    global _HOOKS_REGISTERED
+    if _HOOKS_REGISTERED:
+        return
+    _HOOKS_REGISTERED = True
+    atexit.register(_shutdown_at_exit)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_flush_before_fork)
 
 
 def _shutdown_at_exit() -> None:
