@@ -475,7 +475,7 @@ def current_trajectory_attributes() -> Mapping[str, Any]:
 def set_payload(span: Span, *, input: Any = _UNSET, output: Any = _UNSET) -> None:
     """Serialise (never raises), cap, redact and set ``input.value``/``output.value`` on a span."""
     runtime = _RUNTIME
-    if runtime is None or not span.is_recording():
+    if runtime is None or not runtime.config.capture_payloads or not span.is_recording():
         return
     try:
         existing = getattr(span, "attributes", None) or {}  # input and output arrive separately
@@ -691,7 +691,7 @@ class _OpCall:
                 if traj.span is not None and otel_trace.get_current_span() is traj.span:
                     attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
             owner = None
-            if spec.capture_input:
+            if spec.capture_input and runtime.config.capture_payloads:
                 owner, inputs = spec.bind(args, kwargs)
                 attrs.update(_payload_attrs(runtime, inputs, _UNSET, {}))  # one pass, at start
             elif spec.has_self and args:
@@ -714,7 +714,8 @@ class _OpCall:
         return otel_context.attach(otel_trace.set_span_in_context(self.span))
 
     def wants_text(self) -> bool:
-        return (self.runtime.config.token2text and self.spec.capture_output
+        config = self.runtime.config
+        return (config.token2text and config.capture_payloads and self.spec.capture_output
                 and getattr(self.owner, "tokenizer", None) is not None)
 
     def texts(self, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -50,6 +50,7 @@ class TraceConfig:
     max_field_bytes: int = 64 * 1024
     max_span_bytes: int = 512 * 1024
     redact: bool = True
+    capture_payloads: bool = True
     processor: str = "batch"
     max_queue_size: int = 16384
     max_export_batch_size: int = 512
@@ -195,6 +196,8 @@ _FIELDS: tuple[_Field, ...] = (
     _Field("max_span_bytes", lambda v: _parse_int(v, 1024), (_env.OTEL_VERL_MAX_SPAN_BYTES,),
            (VERL_TRACE_PREFIX + "max_span_bytes",)),
     _Field("redact", _parse_bool, (_env.OTEL_VERL_REDACT,), (VERL_TRACE_PREFIX + "redact",)),
+    _Field("capture_payloads", _parse_bool, (_env.OTEL_VERL_CAPTURE_PAYLOADS,),
+           (VERL_TRACE_PREFIX + "capture_payloads",)),
     _Field("processor", _choice(PROCESSORS), (_env.OTEL_VERL_PROCESSOR,),
            (VERL_TRACE_PREFIX + "processor",)),
     _Field("max_queue_size", lambda v: _parse_int(v, 1), (_env.OTEL_BSP_MAX_QUEUE_SIZE,),

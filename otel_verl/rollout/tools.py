@@ -45,19 +45,18 @@ def _annotate_tool_span(name: str, call_id: str, arguments: Any, result: str) ->
     if not otel_verl.is_recording():
         return
     span = trace.get_current_span()
-    # same redaction and caps as input.value/output.value
-    args_text = (otel_verl.scrub_text(arguments) if isinstance(arguments, str)
-                 else otel_verl.payload_json(arguments))
-    result = otel_verl.scrub_text(result)
-    span.set_attributes(
-        {
-            semconv.GEN_AI_OPERATION_NAME: GenAIOperation.EXECUTE_TOOL,
-            semconv.GEN_AI_TOOL_NAME: name,
-            semconv.GEN_AI_TOOL_CALL_ID: call_id,
-            semconv.GEN_AI_TOOL_CALL_ARGUMENTS: args_text,
-            semconv.GEN_AI_TOOL_CALL_RESULT: result,
-        }
-    )
+    attrs = {
+        semconv.GEN_AI_OPERATION_NAME: GenAIOperation.EXECUTE_TOOL,
+        semconv.GEN_AI_TOOL_NAME: name,
+        semconv.GEN_AI_TOOL_CALL_ID: call_id,
+    }
+    if otel_verl.RolloutTraceConfig.get_config().capture_payloads:  # content is opt-out
+        # same redaction and caps as input.value/output.value
+        attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = (
+            otel_verl.scrub_text(arguments) if isinstance(arguments, str)
+            else otel_verl.payload_json(arguments))
+        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = otel_verl.scrub_text(result)
+    span.set_attributes(attrs)
 
 
 class BaseTool:

@@ -164,3 +164,12 @@ async def test_tool_arguments_and_results_are_redacted_and_capped():
     assert args == {"api_key": "[REDACTED]", "q": "x"}
     result = span.attributes[semconv.GEN_AI_TOOL_CALL_RESULT]
     assert "sk-abcdefghijklmnopqrstu" not in result and len(result) < 1200
+
+
+async def test_tool_content_not_recorded_when_payload_capture_is_off():
+    with capture_spans(capture_payloads=False) as exporter:
+        await CalculatorTool().execute("c1", {"expression": "6*7"})
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes[semconv.GEN_AI_TOOL_NAME] == "calculator"
+    assert semconv.GEN_AI_TOOL_CALL_ARGUMENTS not in span.attributes
+    assert semconv.GEN_AI_TOOL_CALL_RESULT not in span.attributes

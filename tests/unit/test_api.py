@@ -426,3 +426,16 @@ def test_exception_text_is_redacted(spans):
     op = by_name(spans)["test_exception_text_is_redacted.<locals>.call_api"]
     assert "[REDACTED]" in op.events[0].attributes["exception.message"]
     assert op.events[0].attributes["exception.type"] == "ConnectionError"
+
+
+def test_capture_payloads_off_records_metadata_only():
+    agent = Agent()
+    with capture_spans(capture_payloads=False, token2text=True) as exporter:
+        with rollout_trace_attr(step=1, sample_index=2):
+            asyncio.run(agent.run({"temperature": 1.0}, raw_prompt="secret-ish content"))
+    for span in exporter.get_finished_spans():
+        assert semconv.INPUT_VALUE not in span.attributes
+        assert semconv.OUTPUT_VALUE not in span.attributes
+        assert span.attributes[semconv.ROLLOUT_SAMPLE_INDEX] == 2
+    assert {s.name for s in exporter.get_finished_spans()} == {"rollout_trace", "Agent.run",
+                                                               "Agent.turn"}
