@@ -8,8 +8,10 @@ each round runs ``--trajectories`` rollouts at ``--concurrency`` and measures tr
 - off: ``RolloutTraceConfig`` not initialised (every ``rollout_trace_op`` calls straight through)
 - on:  ``backend=file`` (the default: bounded batch processor + OTLP/JSON file writer), every
        trajectory traced, ``traceparent`` sent so vLLM's ``llm_request`` joins each chat turn
+- meta: the same with ``capture_payloads=False`` (spans, attributes, usage, no inputs/outputs)
 
-Prints each round and the median ratio on/off (target >= 0.97).
+Prints each round and the median ratios against off (target for on/off: >= 0.97). The three
+modes rotate their order every round.
 
 Run: ``python3 -m nox -s bench_engine`` or ``python bench/bench_rollout.py [--repeats 5]`` in a venv
 with requirements/engine.txt.
@@ -99,19 +101,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vLLM up in {server.startup_s:.1f}s; {args.trajectories} trajectories x "
               f"{args.repeats} rounds per mode, concurrency {args.concurrency}", flush=True)
 
-        engine_cpu: dict[str, list[float]] = {"off": [], "on": []}
+        modes = ("off", "on", "meta")
+        engine_cpu: dict[str, list[float]] = {m: [] for m in modes}
 
         def run(mode: str, step: int) -> tuple[float, float]:
             RolloutTraceConfig.reset()
             e0 = _group_cpu_s(server.process.pid)
-            if mode == "on":
+            if mode != "off":
                 RolloutTraceConfig.init("bench", "bench_rollout", backend="file",
-                                        trace_dir=trace_dir)
+                                        trace_dir=trace_dir, capture_payloads=mode == "on")
             rate = asyncio.run(_batch(server.base_url, tokenizer, args.trajectories,
                                       args.concurrency, step))
             engine_cpu[mode].append(1000 * (_group_cpu_s(server.process.pid) - e0)
                                     / args.trajectories)
-            if mode == "on":  # export what is left outside the timed part, like a real step end
+            if mode != "off":  # export what is left outside the timed part, like a real step end
                 RolloutTraceConfig.flush(timeout_s=30)
             RolloutTraceConfig.reset()
             return rate
@@ -121,30 +124,33 @@ def main(argv: list[str] | None = None) -> int:
             run("on", 1)
         for values in engine_cpu.values():
             values.clear()
-        rates: dict[str, list[float]] = {"off": [], "on": []}
-        cpu: dict[str, list[float]] = {"off": [], "on": []}
-        ratios = []
-        order = ["off", "on"]
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        cpu: dict[str, list[float]] = {m: [] for m in modes}
+        ratios, meta_ratios = [], []
         for r in range(args.repeats):
             got = {}
-            for mode in order if r % 2 == 0 else order[::-1]:
+            for mode in modes[r % 3:] + modes[:r % 3]:
                 got[mode], ms = run(mode, 2 + r)
                 rates[mode].append(got[mode])
                 cpu[mode].append(ms)
             ratios.append(got["on"] / got["off"])
-            print(f"round {r + 1:2d}: off {got['off']:6.2f} traj/s   on {got['on']:6.2f} traj/s   "
-                  f"ratio {ratios[-1]:.3f}", flush=True)
+            meta_ratios.append(got["meta"] / got["off"])
+            print(f"round {r + 1:2d}: off {got['off']:6.2f}  on {got['on']:6.2f}  meta "
+                  f"{got['meta']:6.2f} traj/s   on/off {ratios[-1]:.3f}  meta/off "
+                  f"{meta_ratios[-1]:.3f}", flush=True)
         median = statistics.median(ratios)
         print(f"median off {statistics.median(rates['off']):.2f} traj/s, "
-              f"on {statistics.median(rates['on']):.2f} traj/s; ratio of summed rates "
-              f"{sum(rates['on']) / sum(rates['off']):.3f}")
+              f"on {statistics.median(rates['on']):.2f} traj/s, meta "
+              f"{statistics.median(rates['meta']):.2f} traj/s; ratio of summed rates on/off "
+              f"{sum(rates['on']) / sum(rates['off']):.3f}, meta/off "
+              f"{sum(rates['meta']) / sum(rates['off']):.3f}")
         print(f"rollout process CPU per trajectory (median): off {statistics.median(cpu['off']):.2f}"
               f" ms, on {statistics.median(cpu['on']):.2f} ms (tracing adds "
               f"{statistics.median(cpu['on']) - statistics.median(cpu['off']):.2f} ms)")
         eng = {m: statistics.median(v) for m, v in engine_cpu.items()}
         roll = {m: statistics.median(v) for m, v in cpu.items()}
         print(f"vLLM process group CPU per trajectory (median): off {eng['off']:.2f} ms, "
-              f"on {eng['on']:.2f} ms")
+              f"on {eng['on']:.2f} ms, meta {eng['meta']:.2f} ms")
         # the engine's CPU per trajectory is not a clean work measure (its busy loop spins while
         # it waits, so it grows when the machine is loaded); the rollout process's is
         added = roll["on"] - roll["off"]
@@ -154,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
               " (assumes a CPU-bound machine; insensitive to other load)")
         print(f"throughput ratio on/off (median of {len(ratios)} paired rounds): {median:.3f}  "
               f"(target >= 0.97) {'OK' if median >= 0.97 else 'BELOW TARGET'}")
+        print(f"throughput ratio meta/off (capture_payloads=False): "
+              f"{statistics.median(meta_ratios):.3f}")
         print(f"engine spans received: {sum(s['name'] == 'llm_request' for s in receiver.spans())}")
     return 0
 
