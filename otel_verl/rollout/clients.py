@@ -290,6 +290,15 @@ def _vllm_sampling(sp: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
+def _first_choice_tokens(data: dict[str, Any], what: str) -> tuple[dict[str, Any], list[int]]:
+    """The first choice of a vLLM answer and its token ids (EngineError when they are missing)."""
+    try:
+        choice = data["choices"][0]
+        return choice, [int(t) for t in choice["token_ids"]]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise EngineError(f"{what} answer without token_ids: {exc!r}") from exc
+
+
 class VLLMCompletionsClient(AsyncTokenClient):
     """vLLM ``/v1/completions`` with a token-id prompt and ``return_token_ids`` (no server flag)."""
 
@@ -302,11 +311,7 @@ class VLLMCompletionsClient(AsyncTokenClient):
             body["logprobs"] = 0  # the sampled token's logprob only
         body["skip_special_tokens"] = False
         data = await self._post("/v1/completions", body, headers)
-        try:
-            choice = data["choices"][0]
-            token_ids = [int(t) for t in choice["token_ids"]]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise EngineError(f"vllm completions answer without token_ids: {exc!r}") from exc
+        choice, token_ids = _first_choice_tokens(data, "vllm completions")
         log_probs = None
         lp = choice.get("logprobs")
         if sp.get("logprobs") and isinstance(lp, dict) and lp.get("token_logprobs") is not None:
@@ -334,11 +339,7 @@ class VLLMGenerateClient(AsyncTokenClient):
             sampling["logprobs"] = 0
         body = {"model": self.model, "token_ids": prompt_ids, "sampling_params": sampling}
         data = await self._post("/inference/v1/generate", body, headers)
-        try:
-            choice = data["choices"][0]
-            token_ids = [int(t) for t in choice["token_ids"]]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise EngineError(f"vllm generate answer without token_ids: {exc!r}") from exc
+        choice, token_ids = _first_choice_tokens(data, "vllm generate")
         log_probs = _generate_logprobs(choice.get("logprobs")) if sp.get("logprobs") else None
         usage = data.get("usage") or {}
         return TokenOutput(
