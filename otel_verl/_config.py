@@ -158,10 +158,16 @@ def _parse_backend(value: Any) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class _Field:
+    """One option: its parser, environment names (first wins), verl keys and documentation.
+
+    The default is the ``TraceConfig`` field's; ``doc`` feeds the README's configuration table.
+    """
+
     name: str
     parse: Callable[[Any], Any]
     env: tuple[str, ...] = ()
     verl: tuple[str, ...] = ()
+    doc: str = ""
 
 
 def _ms_to_s(value: Any) -> float:
