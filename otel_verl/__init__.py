@@ -19,26 +19,20 @@ Configuration: explicit argument > verl/Hydra key (``actor_rollout_ref.rollout.t
 """
 
 from otel_verl import semconv
-from otel_verl._api import (
-    RolloutTraceConfig,
-    current_trajectory_attributes,
+from otel_verl._capture import payload_json, scrub_text, set_payload
+from otel_verl._config import ConfigError, TraceConfig
+from otel_verl._decorator import rollout_trace_op
+from otel_verl._facade import RolloutTraceConfig
+from otel_verl._propagation import inject_context, traceparent_headers, use_context
+from otel_verl._sampling import TrajectorySampler
+from otel_verl._trajectory import (
     get_tracer,
     get_tracer_provider,
-    inject_context,
     is_recording,
-    payload_json,
     record_reward,
     rollout_trace_attr,
-    rollout_trace_op,
-    scrub_text,
-    select_traced_samples,
-    set_payload,
     set_trajectory_attribute,
-    traceparent_headers,
-    use_context,
 )
-from otel_verl._config import ConfigError, TraceConfig
-from otel_verl._sampling import TrajectorySampler
 from otel_verl.semconv import SpanKindName
 
 __all__ = [
@@ -47,7 +41,6 @@ __all__ = [
     "SpanKindName",
     "TraceConfig",
     "TrajectorySampler",
-    "current_trajectory_attributes",
     "get_tracer",
     "get_tracer_provider",
     "inject_context",
@@ -57,7 +50,6 @@ __all__ = [
     "rollout_trace_attr",
     "rollout_trace_op",
     "scrub_text",
-    "select_traced_samples",
     "semconv",
     "set_payload",
     "set_trajectory_attribute",

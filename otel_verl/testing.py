@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_verl import _errors
-from otel_verl._api import RolloutTraceConfig
+from otel_verl._facade import RolloutTraceConfig
 
 
 @contextlib.contextmanager

@@ -222,7 +222,7 @@ async def _run_jobs(args: argparse.Namespace, base_url: str, tokenizer: Any, res
     def select(rows: list[dict[str, Any]]) -> frozenset:
         if not tracing:
             return frozenset()
-        return otel_verl.select_traced_samples([r["extra_info"]["index"] for r in rows])
+        return otel_verl.RolloutTraceConfig.sampler().select([r["extra_info"]["index"] for r in rows])
 
     try:
         for step in range(1, args.steps + 1):

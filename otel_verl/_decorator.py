@@ -1,0 +1,389 @@
+"""``rollout_trace_op``: one span per call of a traced function (sync, async, generator, async
+generator), named by its qualname, with inputs and output captured by ``otel_verl._capture``.
+
+Usage::
+
+    class MyAgentLoop:
+        @rollout_trace_op                                   # verl's form
+        async def run(self, sampling_params, **row): ...
+
+    @rollout_trace_op(kind=SpanKindName.TOOL, name="calculator")
+    def calc(expression: str) -> str: ...
+
+    traced = rollout_trace_op(fn, name="Engine.generate", kind=SpanKindName.LLM,
+                              before=add_request_attrs, after=add_usage)   # integrations
+
+One core (``_OpSpec`` for what a function needs, ``_OpCall`` for one recorded call) behind four
+thin adapters that differ only in the shape of the call. Wrappers hold no closures over
+unpicklable state, so Ray can ship decorated functions with cloudpickle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, TypeVar, overload
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import Span
+
+from otel_verl import _errors, semconv
+from otel_verl._capture import UNSET, as_dict, payload_attrs, record_failure, set_payload, token_texts
+from otel_verl._state import STATE, TRAJECTORY, Runtime
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: ``before(owner, kwargs)``: runs inside the op's span just before the call (``owner`` is the
+#: first positional argument, e.g. ``self``, or None); it may add attributes to the current span
+#: and change ``kwargs`` (what the function receives; the recorded input is taken before).
+BeforeHook = Callable[[Any, dict[str, Any]], None]
+#: ``after(result)``: runs inside the op's span after a successful call (sync and async).
+AfterHook = Callable[[Any], None]
+
+_MAX_YIELDS_KEPT = 1000
+
+
+class _OpSpec:
+    """What one decorated function needs at call time (picklable: no closures, no locks)."""
+
+    __slots__ = ("fn", "name", "kind", "capture_input", "capture_output", "names", "has_self",
+                 "defaults", "simple", "signature", "before", "after")
+
+    def __init__(self, fn: Callable[..., Any], name: str | None, kind: str,
+                 capture_input: bool, capture_output: bool, before: BeforeHook | None = None,
+                 after: AfterHook | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))
+        self.kind = kind
+        self.capture_input = capture_input
+        self.capture_output = capture_output
+        self.before = before
+        self.after = after
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self.signature = None
+        params = list(self.signature.parameters.values()) if self.signature else []
+        self.names = tuple(p.name for p in params)
+        self.has_self = bool(params) and params[0].name in ("self", "cls")
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        self.simple = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {slot: getattr(self, slot) for slot in self.__slots__ if slot != "signature"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+        try:
+            self.signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            self.signature = None
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """(self or None, inputs without self), like verl: defaults applied, **kwargs as one key."""
+        if self.simple and len(args) <= len(self.names):
+            inputs = dict(zip(self.names, args))
+            inputs.update(kwargs)
+            for key, value in self.defaults.items():
+                inputs.setdefault(key, value)
+        elif self.signature is not None:
+            try:
+                bound = self.signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                inputs = dict(bound.arguments)
+            except TypeError:  # the call itself will raise the real error
+                inputs = {"args": list(args), "kwargs": kwargs}
+        else:
+            inputs = {"args": list(args), "kwargs": kwargs}
+        owner = None
+        if self.has_self and self.names and self.names[0] in inputs:
+            owner = inputs.pop(self.names[0])
+        return owner, inputs
+
+
+class _OpCall:
+    """One recorded call of a traced function: start, then exactly one of ``end`` or ``fail``.
+
+    The single core behind the four adapters (sync, async, generator, async generator). Every
+    step that is otel_verl's own work is guarded: a bug here is logged, the user's call goes on.
+    """
+
+    __slots__ = ("spec", "runtime", "span", "owner", "token")
+
+    def __init__(self, spec: _OpSpec, runtime: Runtime, span: Span, owner: Any,
+                 token: Any) -> None:
+        self.spec, self.runtime, self.span, self.owner, self.token = (spec, runtime, span, owner,
+                                                                      token)
+
+    @classmethod
+    def begin(cls, spec: _OpSpec, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> _OpCall | None:
+        """Start the span (current from now on), capture inputs and run the ``before`` hook;
+        None when not recording."""
+        runtime = STATE.runtime
+        if runtime is None:
+            return None
+        traj = TRAJECTORY.get()
+        if traj is not None and not traj.enabled:
+            return None
+        try:
+            attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: spec.kind}
+            if traj is not None:
+                attrs.update(traj.attrs)
+                if traj.span is not None and otel_trace.get_current_span() is traj.span:
+                    attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
+            owner = None
+            if spec.capture_input and runtime.config.capture_payloads:
+                owner, inputs = spec.bind(args, kwargs)
+                attrs.update(payload_attrs(runtime, inputs, UNSET, {}))  # one pass, at start
+            elif spec.has_self and args:
+                owner = args[0]
+            span = runtime.tracer.start_span(spec.name, attributes=attrs)
+            token = otel_context.attach(otel_trace.set_span_in_context(span))
+        except Exception as exc:
+            _errors.internal_error(exc, f"starting span {spec.name}")
+            return None
+        call = cls(spec, runtime, span, owner, token)
+        if spec.before is not None and args:
+            try:
+                spec.before(args[0], kwargs)
+            except Exception as exc:
+                _errors.internal_error(exc, f"before-hook of {spec.name}")
+        return call
+
+    def detach(self) -> None:
+        """Stop being the current span (generators re-enter with ``step_context``)."""
+        if self.token is not None:
+            otel_context.detach(self.token)
+            self.token = None
+
+    def step_context(self) -> Any:
+        """Make the span current for one step of a generator; detach the returned token."""
+        return otel_context.attach(otel_trace.set_span_in_context(self.span))
+
+    def run_after(self, result: Any) -> None:
+        """The ``after`` hook, while the span is still current (never raises)."""
+        if self.spec.after is not None:
+            try:
+                self.spec.after(result)
+            except Exception as exc:
+                _errors.internal_error(exc, f"after-hook of {self.spec.name}")
+
+    def wants_text(self) -> bool:
+        config = self.runtime.config
+        return (config.token2text and config.capture_payloads and self.spec.capture_output
+                and getattr(self.owner, "tokenizer", None) is not None)
+
+    def texts(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+              output: Any) -> dict[str, str] | None:
+        """token2text: decoded prompt/response text (never raises)."""
+        try:
+            return token_texts(self.owner, kwargs, output)
+        except Exception as exc:
+            _errors.internal_error(exc, f"token2text in {self.spec.name}")
+            return None
+
+    def end(self, output: Any, extra: Mapping[str, Any] | None = None) -> None:
+        self.detach()
+        try:
+            if self.spec.capture_output:
+                set_payload(self.span, output=dict(as_dict(output), **extra) if extra else output)
+            self.span.end()
+        except Exception as exc:
+            _errors.internal_error(exc, f"finishing span {self.spec.name}")
+
+    def fail(self, exc: BaseException) -> None:
+        self.detach()
+        record_failure(self.span, exc)
+        self.span.end()
+
+
+# the four adapters: only the shape of the call differs ------------------------------------------
+
+
+def _sync_wrapper(spec: _OpSpec) -> Callable[..., Any]:
+    fn = spec.fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
+            return fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            call.fail(exc)
+            raise
+        call.run_after(result)
+        call.end(result, call.texts(args, kwargs, result) if call.wants_text() else None)
+        return result
+
+    return wrapper
+
+
+def _async_wrapper(spec: _OpSpec) -> Callable[..., Any]:
+    fn = spec.fn
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
+            return await fn(*args, **kwargs)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            call.fail(exc)
+            raise
+        call.run_after(result)
+        extra = None
+        if call.wants_text():  # decoding can take milliseconds: off the event loop's thread
+            call.detach()
+            extra = await asyncio.get_running_loop().run_in_executor(
+                None, call.texts, args, kwargs, result)
+        call.end(result, extra)
+        return result
+
+    return wrapper
+
+
+def _gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
+    fn = spec.fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
+            return (yield from fn(*args, **kwargs))
+        call.detach()  # the span is current only while the generator's own code runs
+        gen = fn(*args, **kwargs)
+        items: list[Any] = []
+        to_send: Any = None
+        pending: BaseException | None = None
+        while True:
+            token = call.step_context()
+            try:
+                item = gen.throw(pending) if pending is not None else gen.send(to_send)
+            except StopIteration as stop:
+                otel_context.detach(token)
+                call.end(items if stop.value is None else stop.value)
+                return stop.value
+            except BaseException as exc:
+                otel_context.detach(token)
+                call.fail(exc)
+                raise
+            otel_context.detach(token)
+            pending = None
+            if len(items) < _MAX_YIELDS_KEPT:
+                items.append(item)
+            try:
+                to_send = yield item
+            except GeneratorExit:
+                gen.close()
+                call.end(items)
+                raise
+            except BaseException as exc:  # thrown in by the caller: forward it to the generator
+                pending, to_send = exc, None
+
+    return wrapper
+
+
+def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
+    fn = spec.fn
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = _OpCall.begin(spec, args, kwargs)
+        if call is None:
+            async for item in fn(*args, **kwargs):
+                yield item
+            return
+        call.detach()
+        agen = fn(*args, **kwargs)
+        items: list[Any] = []
+        to_send: Any = None
+        pending: BaseException | None = None
+        while True:
+            token = call.step_context()
+            try:
+                item = await (agen.athrow(pending) if pending is not None else
+                              agen.asend(to_send))
+            except StopAsyncIteration:
+                otel_context.detach(token)
+                call.end(items)
+                return
+            except BaseException as exc:
+                otel_context.detach(token)
+                call.fail(exc)
+                raise
+            otel_context.detach(token)
+            pending = None
+            if len(items) < _MAX_YIELDS_KEPT:
+                items.append(item)
+            try:
+                to_send = yield item
+            except GeneratorExit:
+                await agen.aclose()
+                call.end(items)
+                raise
+            except BaseException as exc:  # thrown in by the caller: forward it to the generator
+                pending, to_send = exc, None
+
+    return wrapper
+
+
+@overload
+def rollout_trace_op(func: Callable[P, R], /, *, name: str | None = None,
+                     kind: str = semconv.SpanKindName.CHAIN, capture_input: bool = True,
+                     capture_output: bool = True, before: BeforeHook | None = None,
+                     after: AfterHook | None = None) -> Callable[P, R]: ...
+
+
+@overload
+def rollout_trace_op(func: None = None, /, *, name: str | None = None,
+                     kind: str = semconv.SpanKindName.CHAIN, capture_input: bool = True,
+                     capture_output: bool = True, before: BeforeHook | None = None,
+                     after: AfterHook | None = None
+                     ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def rollout_trace_op(func: Callable[..., Any] | None = None, /, *, name: str | None = None,
+                     kind: str = semconv.SpanKindName.CHAIN, capture_input: bool = True,
+                     capture_output: bool = True, before: BeforeHook | None = None,
+                     after: AfterHook | None = None) -> Any:
+    """Trace a function or method as one span (sync, async, generator or async generator).
+
+    Bare (``@rollout_trace_op``, as in verl), with options (``@rollout_trace_op(kind=...)``), or
+    called on a function (``rollout_trace_op(fn, name=..., kind=...)``).
+
+    Args:
+        func: the function (bare use or a direct call).
+        name: the span name; default the function's ``__qualname__`` (e.g. ``ToolAgentLoop.run``).
+        kind: the ``openinference.span.kind`` (``SpanKindName.LLM``, ``TOOL``, ...).
+        capture_input: record the bound arguments (minus ``self``) as ``input.value``.
+        capture_output: record the return value as ``output.value``.
+        before: ``before(owner, kwargs)`` inside the span, before the call (see ``BeforeHook``).
+        after: ``after(result)`` inside the span, after a successful sync or async call.
+
+    Returns:
+        The wrapped function; with tracing off or silenced it calls straight through (hooks too
+        are skipped then).
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        spec = _OpSpec(fn, name, kind, capture_input, capture_output, before, after)
+        if inspect.isasyncgenfunction(fn):
+            return _async_gen_wrapper(spec)
+        if inspect.iscoroutinefunction(fn):
+            return _async_wrapper(spec)
+        if inspect.isgeneratorfunction(fn):
+            return _gen_wrapper(spec)
+        return _sync_wrapper(spec)
+
+    if func is not None:
+        return decorate(func)
+    return decorate

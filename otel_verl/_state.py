@@ -1,0 +1,163 @@
+"""Process state: the one object that knows whether tracing is on, and what it was built from.
+
+Everything the API needs at call time hangs off ``STATE`` (one object, not module globals): the
+configuration of the installed ``RolloutTraceConfig``, the ``Runtime`` built from it while tracing
+is on (provider, tracer, processor chain, exporter, sampler), and the process hooks (flush before
+fork, shut down at exit). The current trajectory lives in a ContextVar (``TRAJECTORY``) so it
+follows asyncio tasks; ``TrajectoryAttributesProcessor`` reads it through
+``current_trajectory_attrs``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import dataclasses
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import Span
+
+from otel_verl import _errors
+from otel_verl._config import TraceConfig
+from otel_verl._payload import Payload, to_payload
+from otel_verl._provider import SCOPE_NAME, build_provider
+from otel_verl._sampling import TrajectorySampler
+
+_log = logging.getLogger("otel_verl")
+
+#: the counters that mean "a span was not delivered" (see ``report_losses``)
+LOSS_KEYS = ("dropped_queue_full", "export_failed", "abandoned_at_shutdown", "spool_failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+    """The current trajectory, held in a ContextVar (so it follows asyncio tasks)."""
+
+    attrs: Mapping[str, Any]
+    span: Span | None
+    enabled: bool
+
+
+TRAJECTORY: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(
+    "otel_verl_trajectory", default=None)
+
+
+def current_trajectory_attrs() -> tuple[Mapping[str, Any], int | None] | None:
+    """(attributes, trajectory span id) of the current recorded trajectory, else None."""
+    traj = TRAJECTORY.get()
+    if traj is None or not traj.enabled:
+        return None
+    return traj.attrs, (traj.span.get_span_context().span_id if traj.span is not None else None)
+
+
+class Runtime:
+    """Everything built from one TraceConfig; exists only while tracing is on."""
+
+    def __init__(self, config: TraceConfig, exporter: SpanExporter | None) -> None:
+        self.config = config
+        self.provider, self.exporter, self.processor = build_provider(
+            config, current_trajectory_attrs, exporter)
+        self.tracer = self.provider.get_tracer(SCOPE_NAME)
+        self.sampler = TrajectorySampler(config.max_samples_per_step_per_worker,
+                                         config.experiment_name)
+
+    def payload(self, value: Any, max_bytes: int | None = None) -> Payload:
+        return to_payload(value, max_bytes=max_bytes or self.config.max_field_bytes,
+                          redact=self.config.redact)
+
+    def stats(self) -> dict[str, int]:
+        """The delivery counters of the processor chain and the exporter, merged."""
+        counts: dict[str, int] = {}
+        for part in (self.processor, self.exporter):
+            stats = getattr(part, "stats", None)
+            if callable(stats):
+                counts.update(stats())
+        return counts
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Flush, then stop the processor chain; both bounded by ``timeout_s`` in all."""
+        done = self.provider.force_flush(int(timeout_s * 1000 / 2))
+        stopper = getattr(self.processor, "shutdown")
+        try:
+            if "timeout_millis" in inspect.signature(stopper).parameters:
+                stopper(timeout_millis=int(timeout_s * 1000 / 2))
+            else:
+                stopper()
+        except Exception as exc:
+            _errors.internal_error(exc, "shutdown")
+            done = False
+        self.report_losses()
+        return done
+
+    def report_losses(self) -> None:
+        counts = self.stats()
+        lost = {k: v for k, v in counts.items() if k in LOSS_KEYS and v}
+        if lost:
+            _log.warning("otel_verl: not every span was delivered: %s%s", lost,
+                         f" ({counts['spooled']} kept in the spool for replay)"
+                         if counts.get("spooled") else "")
+
+
+class ProcessState:
+    """The process's tracing state: the active configuration and, while tracing is on, its
+    ``Runtime``. ``lock`` serialises install and shutdown."""
+
+    def __init__(self) -> None:
+        self.config: TraceConfig = dataclasses.replace(TraceConfig(), backend=None)
+        self.runtime: Runtime | None = None
+        self.lock = threading.RLock()
+        self._hooks_registered = False
+
+    def start(self, config: TraceConfig, exporter: SpanExporter | None) -> Runtime | None:
+        """Make ``config`` the active configuration; build a Runtime when it records spans."""
+        self.config = config
+        if not config.enabled:
+            return None
+        self.runtime = Runtime(config, exporter)
+        self._register_process_hooks()
+        return self.runtime
+
+    def stop(self, timeout_s: float) -> bool:
+        """Shut the Runtime down (bounded); tracing is off afterwards. True when all was flushed."""
+        with self.lock:
+            runtime, self.runtime = self.runtime, None
+        if runtime is None:
+            return True
+        return runtime.shutdown(timeout_s)
+
+    def forget(self) -> None:
+        """Back to the un-initialised configuration (tests)."""
+        self.config = dataclasses.replace(TraceConfig(), backend=None)
+
+    def _register_process_hooks(self) -> None:
+        """Flush before fork and shut down at exit: registered once per process, whatever the
+        number of init/reset cycles."""
+        if self._hooks_registered:
+            return
+        self._hooks_registered = True
+        atexit.register(self._shutdown_at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=self._flush_before_fork)
+
+    def _shutdown_at_exit(self) -> None:
+        try:
+            self.stop(timeout_s=5.0)
+        except Exception:  # interpreter teardown: never raise from atexit
+            pass
+
+    def _flush_before_fork(self) -> None:
+        runtime = self.runtime
+        if runtime is not None:
+            try:
+                runtime.provider.force_flush(1000)
+            except Exception:
+                pass
+
+
+STATE = ProcessState()
