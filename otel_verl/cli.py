@@ -8,7 +8,7 @@ Usage::
     otel-verl traces compare TRACE_A TRACE_B [--dir D] [--json] [--full] [--differences-only]
     otel-verl traces replay SPOOL_DIR [--to otlp|console] [--endpoint URL]
                             [--protocol grpc|http/protobuf] [--remove]
-    otel-verl demo [ARGS...]        # otel_verl.rollout.demo (needs the "rollout" extras)
+    otel-verl demo [ARGS...]        # otel_verl.demo.run (needs the "rollout" extras)
 
 Configuration: ``--dir`` defaults to ``$OTEL_VERL_TRACE_DIR``, else ``./otel_verl_traces`` — the
 same directory ``backend="file"`` writes to. Reading shows progress on stderr for large stores
@@ -514,14 +514,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_demo(argv: Sequence[str]) -> int:
     try:
-        demo = importlib.import_module("otel_verl.rollout.demo")
+        demo = importlib.import_module("otel_verl.demo.run")
     except ImportError as error:
         missing = getattr(error, "name", None) or ""
         if missing.split(".")[0] == "otel_verl":
             hint = "this installation of otel-verl has no demo module"
         else:
             hint = "the demo needs the rollout extras: pip install 'otel-verl[rollout]'"
-        print(f"otel-verl demo: cannot import otel_verl.rollout.demo ({error}); {hint}",
+        print(f"otel-verl demo: cannot import otel_verl.demo.run ({error}); {hint}",
               file=sys.stderr)
         return 2
     result = demo.main(list(argv))

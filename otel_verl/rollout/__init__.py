@@ -1,12 +1,12 @@
-"""Traced async rollouts against real engines: agent loop, engine clients, tools, reward, demo.
+"""Traced async rollouts against real engines: agent loop, engine clients, tools, reward.
 
 Usage::
 
     from otel_verl.rollout import ToolAgentLoop, VLLMCompletionsClient, CalculatorTool, Gsm8kReward
 
-Names are imported lazily, so ``import otel_verl.rollout`` stays cheap and the parts that need
-heavy packages (``tiny_model``: torch/transformers; ``server``: a vLLM install to run) are only
-loaded when used. See ``docs/rollout.md``.
+Names are imported lazily, so ``import otel_verl.rollout`` stays cheap. The demo's machinery
+(vLLM server launcher, tiny-model builder, OTLP receiver) lives in ``otel_verl.demo``. See
+``docs/rollout.md``.
 """
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ _EXPORTS = {
     "CalculatorTool": "tools",
     "ToolResponse": "tools",
     "Gsm8kReward": "reward",
-    "OTLPReceiver": "otlp_receiver",
-    "VLLMServer": "server",
-    "build_tiny_model": "tiny_model",
 }
 
 __all__ = tuple(sorted(_EXPORTS))

@@ -1,7 +1,7 @@
 """Engine tier: a real vLLM (CPU build) server with tracing on, started once per session.
 
 The server exports its ``llm_request`` spans over OTLP/HTTP to a receiver this session runs on
-127.0.0.1 (``otel_verl.rollout.otlp_receiver``); tests point the rollout's own spans
+127.0.0.1 (``otel_verl.demo.otlp_receiver``); tests point the rollout's own spans
 (``backend=otlp``) at the same receiver, so both sides of a trajectory meet in one place.
 Everything is time-bound (server startup, waits, per-test timeouts) and the server's whole
 process group is killed on teardown.
@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from otel_verl.rollout.otlp_receiver import OTLPReceiver
-from otel_verl.rollout.server import VLLMServer
-from otel_verl.rollout.tiny_model import build_tiny_model
+from otel_verl.demo.otlp_receiver import OTLPReceiver
+from otel_verl.demo.server import VLLMServer
+from otel_verl.demo.tiny_model import build_tiny_model
 
 MODEL = "tiny-qwen2"
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from otel_verl import semconv
-from otel_verl.rollout import demo
+from otel_verl.demo import run as demo
 from otel_verl.store import read_spans
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(420)]

@@ -13,7 +13,7 @@ import otel_verl
 from otel_verl import RolloutTraceConfig, semconv
 from otel_verl.rollout.agent_loop import ToolAgentLoop
 from otel_verl.rollout.clients import OpenAIChatClient, VLLMCompletionsClient, VLLMGenerateClient
-from otel_verl.rollout.demo import ForcedToolPolicy, make_rows
+from otel_verl.demo.run import ForcedToolPolicy, make_rows
 from otel_verl.rollout.reward import Gsm8kReward
 from otel_verl.rollout.tools import CalculatorTool
 
@@ -166,7 +166,7 @@ async def test_untraced_trajectory_sends_no_trace_context(vllm_server, receiver,
 
 
 def test_tiny_model_build_is_deterministic(tmp_path, tiny_model_dir):
-    from otel_verl.rollout.tiny_model import build_tiny_model
+    from otel_verl.demo.tiny_model import build_tiny_model
 
     other = build_tiny_model(tmp_path / "again")
     for name in ("tokenizer.json", "model.safetensors", "config.json", "chat_template.jinja"):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from otel_verl.rollout.demo import ForcedToolPolicy, _engine_tracing, _parser, make_rows
+from otel_verl.demo.run import ForcedToolPolicy, _engine_tracing, _parser, make_rows
 from otel_verl.rollout.parsers import HermesToolParser
 from otel_verl.rollout.reward import score_answer
 from otel_verl.rollout.tools import format_number, safe_eval

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from otel_verl.rollout.otlp_receiver import OTLPReceiver, joined_spans_only
+from otel_verl.demo.otlp_receiver import OTLPReceiver, joined_spans_only
 from otel_verl.store import read_spans
 
 

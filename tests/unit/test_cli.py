@@ -266,9 +266,9 @@ def test_usage_errors_return_2(capsys):
 
 def test_demo_dispatches_to_the_rollout_demo(monkeypatch):
     seen = []
-    fake = types.ModuleType("otel_verl.rollout.demo")
+    fake = types.ModuleType("otel_verl.demo.run")
     fake.main = lambda argv: seen.append(argv) or 7
-    monkeypatch.setitem(sys.modules, "otel_verl.rollout.demo", fake)
+    monkeypatch.setitem(sys.modules, "otel_verl.demo.run", fake)
     assert main(["demo", "--steps", "2", "--help"]) == 7
     assert seen == [["--steps", "2", "--help"]]  # everything after "demo" is the demo's
 
@@ -277,7 +277,7 @@ def test_demo_without_the_extras_says_how_to_install(monkeypatch, capsys):
     def missing(name, *args, **kwargs):
         raise ModuleNotFoundError("No module named 'httpx'", name="httpx")
 
-    monkeypatch.delitem(sys.modules, "otel_verl.rollout.demo", raising=False)
+    monkeypatch.delitem(sys.modules, "otel_verl.demo.run", raising=False)
     monkeypatch.setattr("otel_verl.cli.importlib.import_module", missing)
     assert main(["demo"]) == 2
     err = capsys.readouterr().err

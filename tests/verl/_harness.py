@@ -2,7 +2,7 @@
 behind verl's real LLMServerClient, a fake reward worker handle, a real BaseTool subclass.
 
 Nothing comes from a model hub: the tokenizer and config are built locally by
-``otel_verl.rollout.tiny_model.build_tiny_model`` (cached under ``OTEL_VERL_MODEL_CACHE``).
+``otel_verl.demo.tiny_model.build_tiny_model`` (cached under ``OTEL_VERL_MODEL_CACHE``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ANSWER = "The answer is 7."
 
 
 def model_dir() -> Path:
-    from otel_verl.rollout.tiny_model import build_tiny_model
+    from otel_verl.demo.tiny_model import build_tiny_model
 
     return Path(build_tiny_model())
 

@@ -20,8 +20,8 @@ TRACE_ID, PARENT_ID = "ab" * 16, "cd" * 8
 
 
 def test_vllm_llm_request_joins_the_span_carried_in_extra_args(monkeypatch):
-    from otel_verl.rollout.otlp_receiver import OTLPReceiver
-    from otel_verl.rollout.tiny_model import build_tiny_model
+    from otel_verl.demo.otlp_receiver import OTLPReceiver
+    from otel_verl.demo.tiny_model import build_tiny_model
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -2,11 +2,11 @@
 
 Usage::
 
-    from otel_verl.rollout.tiny_model import build_tiny_model
+    from otel_verl.demo.tiny_model import build_tiny_model
     path = build_tiny_model()            # cached in ~/.cache/otel_verl/tiny-qwen2-v1
     # python -m vllm.entrypoints.openai.api_server --model <path> ...
 
-or ``python -m otel_verl.rollout.tiny_model [DIR]``.
+or ``python -m otel_verl.demo.tiny_model [DIR]``.
 
 Deterministic: the tokenizer is a byte-level BPE trained on a fixed, seeded synthetic corpus (chat
 markup, hermes tool calls, arithmetic, answers) with one token per digit and ``<tool_call>``,

@@ -314,9 +314,9 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
 def run_demo(args: argparse.Namespace, out: Any = None) -> DemoResult:
     """The demo with parsed arguments (see ``main``); returns the counts it printed."""
     out = sys.stdout if out is None else out
-    from otel_verl.rollout.otlp_receiver import OTLPReceiver, joined_spans_only
-    from otel_verl.rollout.server import VLLMServer
-    from otel_verl.rollout.tiny_model import build_tiny_model
+    from otel_verl.demo.otlp_receiver import OTLPReceiver, joined_spans_only
+    from otel_verl.demo.server import VLLMServer
+    from otel_verl.demo.tiny_model import build_tiny_model
 
     result = DemoResult()
     t0 = time.monotonic()
