@@ -156,6 +156,20 @@ def _parse_backend(value: Any) -> str | None:
     return None
 
 
+#: ``OTEL_TRACES_EXPORTER`` names (the SDK's entry points) that mean one of our backends
+_TRACES_EXPORTER_ALIASES = {"otlp": "otlp", "otlp_proto_grpc": "otlp", "otlp_proto_http": "otlp",
+                            "console": "console", "weave": "weave", "none": "none"}
+
+
+def _parse_traces_exporter(value: Any) -> str:
+    """``OTEL_TRACES_EXPORTER``: the first name of the list, if it is one otel_verl provides."""
+    first = str(value).split(",")[0].strip().lower()
+    if first not in _TRACES_EXPORTER_ALIASES:
+        raise ConfigError(f"expected one of {', '.join(sorted(_TRACES_EXPORTER_ALIASES))} "
+                          f"(first of the list); got {value!r}")
+    return _TRACES_EXPORTER_ALIASES[first]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Field:
     """One option: its parser, environment names (first wins), verl keys and documentation.
@@ -168,6 +182,8 @@ class _Field:
     env: tuple[str, ...] = ()
     verl: tuple[str, ...] = ()
     doc: str = ""
+    #: the default as the README shows it (when the TraceConfig default says too little)
+    shown_default: str = ""
 
 
 def _ms_to_s(value: Any) -> float:
@@ -179,51 +195,125 @@ def _ms_to_s(value: Any) -> float:
 
 _FIELDS: tuple[_Field, ...] = (
     _Field("project_name", _parse_str, (_env.OTEL_VERL_PROJECT_NAME,),
-           (VERL_TRACE_PREFIX + "project_name", "trainer.project_name")),
+           (VERL_TRACE_PREFIX + "project_name", "trainer.project_name"),
+           doc="the run's project: Weave project, `rollout.project_name` on the resource",
+           shown_default='`otel-verl`'),
     _Field("experiment_name", _parse_str, (_env.OTEL_VERL_EXPERIMENT_NAME,),
-           (VERL_TRACE_PREFIX + "experiment_name", "trainer.experiment_name")),
-    _Field("backend", _parse_backend, (_env.OTEL_VERL_BACKEND,), (VERL_TRACE_PREFIX + "backend",)),
+           (VERL_TRACE_PREFIX + "experiment_name", "trainer.experiment_name"),
+           doc='`rollout.experiment_name` on every span; keys the deterministic sampler',
+           shown_default='`default`'),
+    _Field("backend", _parse_backend, (_env.OTEL_VERL_BACKEND,), (VERL_TRACE_PREFIX + "backend",),
+           doc=('`file`, `otlp`, `weave`, `console`, `none`; explicit `None` or an unknown name = '
+                "off (verl's rule, with a warning). `OTEL_TRACES_EXPORTER` (first of a list) counts"
+                ' below `OTEL_VERL_BACKEND`'),
+           shown_default='`file`'),
     _Field("token2text", _parse_bool, (_env.OTEL_VERL_TOKEN2TEXT,),
-           (VERL_TRACE_PREFIX + "token2text",)),
+           (VERL_TRACE_PREFIX + "token2text",),
+           doc=("add decoded `prompt_text`/`response_text` to traced outputs (needs the owner's "
+                '`tokenizer`)'),
+           shown_default='`false`'),
     _Field("max_samples_per_step_per_worker", _parse_max_samples,
            (_env.OTEL_VERL_MAX_SAMPLES_PER_STEP_PER_WORKER,),
-           (VERL_TRACE_PREFIX + "max_samples_per_step_per_worker",)),
-    _Field("trace_dir", _parse_str, (_env.OTEL_VERL_TRACE_DIR,), (VERL_TRACE_PREFIX + "trace_dir",)),
+           (VERL_TRACE_PREFIX + "max_samples_per_step_per_worker",),
+           doc=('N unique samples traced per step per worker (every rollout of a chosen sample); '
+                '`0` = none; negative = error'),
+           shown_default='`null` (all)'),
+    _Field("trace_dir", _parse_str, (_env.OTEL_VERL_TRACE_DIR,), (VERL_TRACE_PREFIX + "trace_dir",),
+           doc='the local store (`backend=file`) and the default spool',
+           shown_default='`./otel_verl_traces`'),
     _Field("otlp_endpoint", _parse_opt_str,
            (_env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _env.OTEL_EXPORTER_OTLP_ENDPOINT),
-           (VERL_TRACE_PREFIX + "otlp_endpoint",)),
+           (VERL_TRACE_PREFIX + "otlp_endpoint",),
+           doc='collector address for `backend=otlp`',
+           shown_default="the OTLP exporter's own"),
     _Field("otlp_protocol", _choice(OTLP_PROTOCOLS),
            (_env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, _env.OTEL_EXPORTER_OTLP_PROTOCOL),
-           (VERL_TRACE_PREFIX + "otlp_protocol",)),
+           (VERL_TRACE_PREFIX + "otlp_protocol",),
+           doc='`grpc` or `http/protobuf`',
+           shown_default='`grpc`'),
     _Field("service_name", _parse_str, (_env.OTEL_SERVICE_NAME,),
-           (VERL_TRACE_PREFIX + "service_name",)),
+           (VERL_TRACE_PREFIX + "service_name",),
+           doc='`service.name` on the resource',
+           shown_default='`otel-verl`'),
     _Field("max_field_bytes", lambda v: _parse_int(v, 256), (_env.OTEL_VERL_MAX_FIELD_BYTES,),
-           (VERL_TRACE_PREFIX + "max_field_bytes",)),
+           (VERL_TRACE_PREFIX + "max_field_bytes",),
+           doc='cap of one `input.value`/`output.value` (and of free-text attributes)',
+           shown_default='65536'),
     _Field("max_span_bytes", lambda v: _parse_int(v, 1024), (_env.OTEL_VERL_MAX_SPAN_BYTES,),
-           (VERL_TRACE_PREFIX + "max_span_bytes",)),
-    _Field("redact", _parse_bool, (_env.OTEL_VERL_REDACT,), (VERL_TRACE_PREFIX + "redact",)),
+           (VERL_TRACE_PREFIX + "max_span_bytes",),
+           doc='cap of input + output of one span',
+           shown_default='524288'),
+    _Field("redact", _parse_bool, (_env.OTEL_VERL_REDACT,), (VERL_TRACE_PREFIX + "redact",),
+           doc=('redact secrets (key names like `api_key`, `authorization`, `password`; values that'
+                ' look like keys or tokens) before anything leaves the process'),
+           shown_default='`true`'),
     _Field("capture_payloads", _parse_bool, (_env.OTEL_VERL_CAPTURE_PAYLOADS,),
-           (VERL_TRACE_PREFIX + "capture_payloads",)),
+           (VERL_TRACE_PREFIX + "capture_payloads",),
+           doc=('`false` = metadata-only tracing: spans, attributes, usage and errors, no '
+                '`input.value`/`output.value`/tool content'),
+           shown_default='`true`'),
     _Field("processor", _choice(PROCESSORS), (_env.OTEL_VERL_PROCESSOR,),
-           (VERL_TRACE_PREFIX + "processor",)),
+           (VERL_TRACE_PREFIX + "processor",),
+           doc='`batch`, or `simple` (synchronous export: tests only)',
+           shown_default='`batch`'),
     _Field("max_queue_size", lambda v: _parse_int(v, 1), (_env.OTEL_BSP_MAX_QUEUE_SIZE,),
-           (VERL_TRACE_PREFIX + "max_queue_size",)),
+           (VERL_TRACE_PREFIX + "max_queue_size",),
+           doc='spans held in memory waiting for export',
+           shown_default='16384'),
     _Field("max_export_batch_size", lambda v: _parse_int(v, 1),
-           (_env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE,), (VERL_TRACE_PREFIX + "max_export_batch_size",)),
-    _Field("schedule_delay_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "schedule_delay_s",)),
-    _Field("export_timeout_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "export_timeout_s",)),
+           (_env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE,), (VERL_TRACE_PREFIX + "max_export_batch_size",),
+           doc='spans per export request at most',
+           shown_default='512'),
+    _Field("schedule_delay_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "schedule_delay_s",),
+           doc='seconds between exports (`OTEL_BSP_SCHEDULE_DELAY` is in ms)',
+           shown_default='1.0'),
+    _Field("export_timeout_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "export_timeout_s",),
+           doc="one export request's time limit",
+           shown_default='10.0'),
     _Field("spool_dir", _parse_opt_str, (_env.OTEL_VERL_SPOOL_DIR,),
-           (VERL_TRACE_PREFIX + "spool_dir",)),
+           (VERL_TRACE_PREFIX + "spool_dir",),
+           doc='where spans a backend refused are kept for replay',
+           shown_default='`<trace_dir>/spool`'),
     _Field("weave_entity", _parse_opt_str, (_env.OTEL_VERL_WEAVE_ENTITY,),
-           (VERL_TRACE_PREFIX + "weave_entity",)),
+           (VERL_TRACE_PREFIX + "weave_entity",),
+           doc='Weave entity (then `WANDB_ENTITY`)',
+           shown_default='the W&B default entity'),
     _Field("weave_base_url", _parse_opt_str, (_env.OTEL_VERL_WEAVE_BASE_URL,),
-           (VERL_TRACE_PREFIX + "weave_base_url",)),
+           (VERL_TRACE_PREFIX + "weave_base_url",),
+           doc='Weave trace server (then `WANDB_BASE_URL`)',
+           shown_default="W&B's hosted trace server"),
 )
 FIELD_NAMES = tuple(f.name for f in _FIELDS)
 # OTEL_BSP_SCHEDULE_DELAY is in milliseconds (OTel spec); ours is seconds
 _ENV_CONVERTERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "schedule_delay_s": (_env.OTEL_BSP_SCHEDULE_DELAY, _ms_to_s),
+    "backend": (_env.OTEL_TRACES_EXPORTER, _parse_traces_exporter),
 }
+
+
+def has_worker_config(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``export_env()``'s variable is in the environment (a worker process)."""
+    return _env.OTEL_VERL_CONFIG in (os.environ if environ is None else environ)
+
+
+def markdown_table() -> str:
+    """The README's configuration table, generated from ``_FIELDS`` (one source of truth).
+
+    A unit test fails when the README differs; it prints the table to paste.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(TraceConfig)}
+    rows = ["| option | verl / Hydra key (`actor_rollout_ref.rollout.trace.` + ...) | environment "
+            "| default | meaning |", "|---|---|---|---|---|"]
+    for field in _FIELDS:
+        verl = ", then ".join(f"`{k[len(VERL_TRACE_PREFIX):]}`" if k.startswith(VERL_TRACE_PREFIX)
+                              else f"`{k}`" for k in field.verl) or "—"
+        env = [f"`{name}`" for name in field.env]
+        if field.name in _ENV_CONVERTERS:
+            env.append(f"`{_ENV_CONVERTERS[field.name][0]}`")
+        default = field.shown_default or f"`{defaults[field.name]}`"
+        rows.append(f"| `{field.name}` | {verl} | {', '.join(env) or '—'} | {default} "
+                    f"| {field.doc} |")
+    return "\n".join(rows) + "\n"
 
 
 # --- verl / Hydra configs ------------------------------------------------------------------------

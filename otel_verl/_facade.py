@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_verl import _env
-from otel_verl._config import TraceConfig, resolve_config
+from otel_verl._config import TraceConfig, has_worker_config, resolve_config
 from otel_verl._sampling import TrajectorySampler
 from otel_verl._state import STATE
 
@@ -114,7 +114,7 @@ class RolloutTraceConfig:
         """
         with STATE.lock:
             if cls._instance is None:
-                if _env.OTEL_VERL_CONFIG not in os.environ:
+                if not has_worker_config():
                     return False
                 cls._install(resolve_config(), None)
             return STATE.runtime is not None

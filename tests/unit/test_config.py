@@ -145,3 +145,42 @@ def test_delays_must_be_finite_and_positive(bad):
     with pytest.raises(ConfigError, match="schedule_delay_s"):
         resolve_config({"schedule_delay_s": bad}, None, {})
     assert resolve_config({}, None, {"OTEL_BSP_SCHEDULE_DELAY": bad}).schedule_delay_s == 1.0
+
+
+def test_readme_configuration_table_is_generated_from_the_field_table():
+    """One source of truth: the README's table is ``markdown_table()`` verbatim."""
+    from pathlib import Path
+
+    from otel_verl._config import markdown_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("<!-- config-table:")
+    start = readme.index("\n", start) + 1
+    end = readme.index("<!-- /config-table -->")
+    expected = markdown_table()
+    assert readme[start:end] == expected, (
+        "README.md's configuration table is out of date; replace it with:\n" + expected)
+
+
+@pytest.mark.parametrize("environ, backend", [
+    ({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp"),
+    ({"OTEL_TRACES_EXPORTER": "console,otlp"}, "console"),
+    ({"OTEL_TRACES_EXPORTER": "none"}, "none"),
+    ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_VERL_BACKEND": "file"}, "file"),  # ours ranks higher
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "file"),  # not ours: warn, fall back to the default
+    ({}, "file"),
+])
+def test_otel_traces_exporter_is_honoured_below_our_backend(environ, backend, caplog):
+    from otel_verl._config import resolve_config
+
+    assert resolve_config(environ=environ).backend == backend
+    if environ.get("OTEL_TRACES_EXPORTER") == "zipkin":
+        assert "OTEL_TRACES_EXPORTER" in caplog.text
+
+
+def test_verl_key_outranks_otel_traces_exporter():
+    from otel_verl._config import resolve_config
+
+    config = resolve_config(verl_config=["actor_rollout_ref.rollout.trace.backend=weave"],
+                            environ={"OTEL_TRACES_EXPORTER": "none"})
+    assert config.backend == "weave"
