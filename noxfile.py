@@ -134,6 +134,16 @@ def engine(session: nox.Session) -> None:
 
 
 @nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (pycodestyle, pyflakes, isort, bugbear, pyupgrade) and mypy: otel_verl at standard
+    strictness, the Weave exporter strict (pyproject.toml)."""
+    session.install("ruff==0.17.6", "mypy==2.4.1", "-r", str(REQ / "unit.txt"))
+    session.install("--no-deps", "-e", str(ROOT), "-e", str(ROOT / "exporters" / "weave"))
+    session.run("ruff", "check", "otel_verl", "exporters", "tests", "bench", "noxfile.py")
+    session.run("mypy", "otel_verl", "exporters/weave/src/otel_weave_exporter")
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The main job: `otel-verl demo` against a vLLM CPU server it starts itself."""
     _install_engine(session)

@@ -31,7 +31,14 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span
 
 from otel_verl import _errors, semconv
-from otel_verl._capture import UNSET, as_dict, payload_attrs, record_failure, set_payload, token_texts
+from otel_verl._capture import (
+    UNSET,
+    as_dict,
+    payload_attrs,
+    record_failure,
+    set_payload,
+    token_texts,
+)
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 
 P = ParamSpec("P")
@@ -57,7 +64,7 @@ class _OpSpec:
                  capture_input: bool, capture_output: bool, before: BeforeHook | None = None,
                  after: AfterHook | None = None) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))
+        self.name: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "op")))
         self.kind = kind
         self.capture_input = capture_input
         self.capture_output = capture_output
@@ -87,7 +94,7 @@ class _OpSpec:
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         """(self or None, inputs without self), like verl: defaults applied, **kwargs as one key."""
         if self.simple and len(args) <= len(self.names):
-            inputs = dict(zip(self.names, args))
+            inputs = dict(zip(self.names, args, strict=False))
             inputs.update(kwargs)
             for key, value in self.defaults.items():
                 inputs.setdefault(key, value)

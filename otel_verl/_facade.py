@@ -84,11 +84,11 @@ class RolloutTraceConfig:
                 return
             exporter = otel_options.pop("exporter", None)
             verl_config = otel_options.pop("verl_config", None)
-            explicit = {k: v for k, v in otel_options.items() if v is not None}
-            for key, value in (("project_name", project_name),
-                               ("experiment_name", experiment_name)):
-                if value is not None:
-                    explicit[key] = value
+            explicit: dict[str, Any] = {k: v for k, v in otel_options.items() if v is not None}
+            for key, name in (("project_name", project_name),
+                              ("experiment_name", experiment_name)):
+                if name is not None:
+                    explicit[key] = name
             for key, value in (("backend", backend), ("token2text", token2text),
                                ("max_samples_per_step_per_worker",
                                 max_samples_per_step_per_worker)):

@@ -17,7 +17,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -83,7 +83,7 @@ class Runtime:
     def shutdown(self, timeout_s: float) -> bool:
         """Flush, then stop the processor chain; both bounded by ``timeout_s`` in all."""
         done = self.provider.force_flush(int(timeout_s * 1000 / 2))
-        stopper = getattr(self.processor, "shutdown")
+        stopper: Callable[..., Any] = self.processor.shutdown
         try:
             if "timeout_millis" in inspect.signature(stopper).parameters:
                 stopper(timeout_millis=int(timeout_s * 1000 / 2))
