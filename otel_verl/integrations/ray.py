@@ -52,12 +52,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from otel_verl import RolloutTraceConfig, _env, inject_context, use_context
+from otel_verl import RolloutTraceConfig, inject_context, use_context
 
 __all__ = [
     "CARRIER_KWARG",
@@ -84,31 +82,9 @@ def runtime_env(base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """
     env = dict(base or {})
     env_vars = dict(env.get("env_vars") or {})
-    exported = RolloutTraceConfig.export_env()
-    exported = _absolute_dirs(exported)
-    env_vars.update(exported)
+    env_vars.update(RolloutTraceConfig.export_env())  # directories already made absolute
     env["env_vars"] = env_vars
     return env
-
-
-def _absolute_dirs(exported: dict[str, str]) -> dict[str, str]:
-    """Make the store/spool directories absolute: a Ray worker's working directory is not ours."""
-    raw = exported.get(_env.OTEL_VERL_CONFIG)
-    if not raw:
-        return exported
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return exported
-    changed = False
-    for key in ("trace_dir", "spool_dir"):
-        value = data.get(key)
-        if isinstance(value, str) and value and not os.path.isabs(value):
-            data[key] = os.path.abspath(value)
-            changed = True
-    if changed:
-        exported = {**exported, _env.OTEL_VERL_CONFIG: json.dumps(data, sort_keys=True)}
-    return exported
 
 
 def carrier_kwargs() -> dict[str, dict[str, str]]:
