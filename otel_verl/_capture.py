@@ -14,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import sys
 import traceback
 from collections.abc import Mapping
 from typing import Any
@@ -95,10 +96,10 @@ def payload_attrs(runtime: Runtime, input: Any, output: Any,
 
 
 def record_failure(span: Span, exc: BaseException) -> None:
-    """``record_exception`` + status ERROR, with the message and traceback scrubbed like payloads.
+    """``record_exception`` + status ERROR, with the message and traceback capped like payloads.
 
-    Exception texts carry URLs with keys and server answers often enough that they go through
-    the same redaction and caps as inputs and outputs.
+    Never raises, also for an exception whose ``__str__`` raises (the status is set first).
+    Redaction of the message and stacktrace happens at span end, with everything else.
     """
     try:
         if not span.is_recording():
@@ -106,34 +107,49 @@ def record_failure(span: Span, exc: BaseException) -> None:
         kind = type(exc)
         type_name = kind.__qualname__ if kind.__module__ == "builtins" else \
             f"{kind.__module__}.{kind.__qualname__}"
-        message = scrub_text(str(exc))
-        trace_text = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+        try:
+            message = _cap(str(exc))
+        except Exception:
+            message = f"<{kind.__qualname__} whose __str__ raised>"
+        span.set_status(Status(StatusCode.ERROR, f"{kind.__name__}: {message}"[:1024]))
+        try:
+            trace_text = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+        except Exception:
+            trace_text = f"{type_name}: {message}"
         span.add_event("exception", {
             "exception.type": type_name,
             "exception.message": message,
-            "exception.stacktrace": scrub_text(trace_text),
+            "exception.stacktrace": _cap(trace_text),
             "exception.escaped": False,
         })
-        span.set_status(Status(StatusCode.ERROR, f"{kind.__name__}: {message}"[:1024]))
     except Exception as inner:
         _errors.internal_error(inner, "recording an exception")
 
 
+def _cap(text: str) -> str:
+    if type(text) is not str:
+        text = str.__str__(text)
+    limit = STATE.config.max_field_bytes
+    if len(text) > limit:
+        text = text[:limit] + TRUNCATION_MARK.format(n=len(text) - limit)
+    return text
+
+
 def as_dict(output: Any) -> dict[str, Any]:
-    """A traced output as a dict (to add token2text fields to a copy of it)."""
-    if isinstance(output, Mapping):
+    """A traced output as a dict (to add token2text fields to a copy of it).
+
+    Only real mappings, dataclasses and pydantic models are unpacked (by ``type()``, nothing
+    called on anything else); other outputs go under ``"output"``.
+    """
+    kind = type(output)
+    if issubclass(kind, Mapping):
         return dict(output)
-    if dataclasses.is_dataclass(output) and not isinstance(output, type):
-        return {f.name: getattr(output, f.name) for f in dataclasses.fields(output)}
-    dump = getattr(output, "model_dump", None)
-    if callable(dump):
-        try:
-            return dict(dump())
-        except Exception:
-            pass
-    fields = getattr(output, "__dict__", None)
-    if isinstance(fields, dict):
-        return dict(fields)
+    if dataclasses.is_dataclass(kind):
+        return {f.name: object.__getattribute__(output, f.name) for f in dataclasses.fields(kind)}
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and issubclass(kind, pydantic.BaseModel):
+        values = object.__getattribute__(output, "__dict__")
+        return {name: values[name] for name in kind.model_fields if name in values}
     return {"output": output}
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -59,6 +60,7 @@ class TraceConfig:
     spool_dir: str | None = None
     weave_entity: str | None = None
     weave_base_url: str | None = None
+    redact_patterns: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -123,6 +125,30 @@ def _parse_positive_float(value: Any) -> float:
     if not 0 < number <= 86400:  # also rejects nan and inf (a thread cannot wait forever)
         raise ConfigError(f"expected a positive number of seconds up to 86400, got {value!r}")
     return number
+
+
+def _parse_patterns(value: Any) -> tuple[str, ...]:
+    """Regular expressions: a list, a JSON array in a string, or one pattern as a string."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ConfigError(f"expected a JSON array of regular expressions, got {value!r}") \
+                    from None
+        else:
+            value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
+        raise ConfigError(f"expected a list of regular expressions, got {value!r}")
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return tuple(value)
 
 
 def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str]:
@@ -282,6 +308,12 @@ _FIELDS: tuple[_Field, ...] = (
            (VERL_TRACE_PREFIX + "weave_base_url",),
            doc='Weave trace server (then `WANDB_BASE_URL`)',
            shown_default="W&B's hosted trace server"),
+    _Field("redact_patterns", _parse_patterns, (_env.OTEL_VERL_REDACT_PATTERNS,),
+           (VERL_TRACE_PREFIX + "redact_patterns",),
+           doc="more regular expressions whose matches are redacted from everything exported "
+               "(a list; in the environment a JSON array or one pattern), added to the built-in "
+               "catalogue",
+           shown_default="none"),
 )
 FIELD_NAMES = tuple(f.name for f in _FIELDS)
 # OTEL_BSP_SCHEDULE_DELAY is in milliseconds (OTel spec); ours is seconds
@@ -467,12 +499,14 @@ def _from_worker_env(environ: Mapping[str, str]) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ConfigError(f"expected a JSON object, got {type(data).__name__}")
         base = {}
         for field in _FIELDS:
             if field.name in data:
                 value = data[field.name]
                 base[field.name] = value if value is None else field.parse(value)
         return base
-    except (ValueError, ConfigError) as exc:
+    except (ValueError, TypeError, ConfigError) as exc:
         _log.warning("otel_verl: ignoring malformed %s (%s)", _env.OTEL_VERL_CONFIG, exc)
         return {}

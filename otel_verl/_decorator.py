@@ -39,6 +39,7 @@ from otel_verl._capture import (
     set_payload,
     token_texts,
 )
+from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 
 P = ParamSpec("P")
@@ -64,7 +65,8 @@ class _OpSpec:
                  capture_input: bool, capture_output: bool, before: BeforeHook | None = None,
                  after: AfterHook | None = None) -> None:
         self.fn = fn
-        self.name: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "op")))
+        self.name: str = fix_surrogates(
+            name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))))
         self.kind = kind
         self.capture_input = capture_input
         self.capture_output = capture_output
@@ -290,8 +292,10 @@ def _gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
             try:
                 to_send = yield item
             except GeneratorExit:
-                gen.close()
-                call.end(items)
+                try:
+                    gen.close()  # raises RuntimeError if it ignores GeneratorExit, as untraced
+                finally:
+                    call.end(items)
                 raise
             except BaseException as exc:  # thrown in by the caller: forward it to the generator
                 pending, to_send = exc, None
@@ -305,15 +309,29 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         call = _OpCall.begin(spec, args, kwargs)
-        if call is None:
-            async for item in fn(*args, **kwargs):
-                yield item
-            return
+        if call is None:  # still forward asend/athrow/aclose, as the traced path does
+            agen = fn(*args, **kwargs)
+            to_send: Any = None
+            pending: BaseException | None = None
+            while True:
+                try:
+                    item = await (agen.athrow(pending) if pending is not None else
+                                  agen.asend(to_send))
+                except StopAsyncIteration:
+                    return
+                pending = None
+                try:
+                    to_send = yield item
+                except GeneratorExit:
+                    await agen.aclose()
+                    raise
+                except BaseException as exc:
+                    pending, to_send = exc, None
         call.detach()
         agen = fn(*args, **kwargs)
         items: list[Any] = []
-        to_send: Any = None
-        pending: BaseException | None = None
+        to_send = None
+        pending = None
         while True:
             token = call.step_context()
             try:
@@ -334,8 +352,10 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
             try:
                 to_send = yield item
             except GeneratorExit:
-                await agen.aclose()
-                call.end(items)
+                try:
+                    await agen.aclose()
+                finally:
+                    call.end(items)
                 raise
             except BaseException as exc:  # thrown in by the caller: forward it to the generator
                 pending, to_send = exc, None

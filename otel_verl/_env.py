@@ -23,6 +23,7 @@ OTEL_VERL_PROCESSOR: Final = "OTEL_VERL_PROCESSOR"
 OTEL_VERL_SPOOL_DIR: Final = "OTEL_VERL_SPOOL_DIR"
 OTEL_VERL_WEAVE_ENTITY: Final = "OTEL_VERL_WEAVE_ENTITY"
 OTEL_VERL_WEAVE_BASE_URL: Final = "OTEL_VERL_WEAVE_BASE_URL"
+OTEL_VERL_REDACT_PATTERNS: Final = "OTEL_VERL_REDACT_PATTERNS"
 #: the whole resolved configuration as JSON, set by ``RolloutTraceConfig.export_env()`` for
 #: worker processes (Ray runtime_env) and read by ``RolloutTraceConfig.init_from_env()``
 OTEL_VERL_CONFIG: Final = "OTEL_VERL_CONFIG"

@@ -1,76 +1,78 @@
-"""Payload capture: turn arbitrary inputs/outputs into capped, redacted JSON that never raises.
+"""Payload capture: arbitrary inputs/outputs as capped JSON, in O(cap), never raising.
 
-One pass over the value does three things: conversion to JSON-compatible data (pydantic models,
-dataclasses, numpy arrays, torch tensors without importing torch, bytes, sets, enums, cycles,
-objects whose ``repr`` raises), secret redaction (sensitive keys, and values that look like keys or
-bearer tokens), and a per-string cap. The JSON text is then fitted into the per-field byte budget by
-shrinking strings and lists, so the result is always valid JSON and says what was cut.
+One walk over the value converts it to JSON-compatible data and stops once the field's byte
+budget is spent: a 128k-token list or a million-key dict costs about what one at the cap costs
+(the rest is summarised as ``…[N more items]``). Only these are unpacked, decided by ``type()``
+(which a proxy cannot fake): mappings, lists/tuples/sets/deques, real pydantic models (their
+fields, without calling ``model_dump``), dataclasses (their fields), numpy arrays and scalars,
+torch tensors (neither imported here), enums, bytes, dates, paths, UUIDs, decimals. Anything else
+(a ``unittest.mock.MagicMock``, a lazy proxy, a user class) is recorded by its type name and
+nothing is called on it. An exception raised by user code during the walk (a mapping whose
+``items()`` raises, a dataclass field behind a failing property) becomes a note in
+``Payload.error`` (the ``otel_verl.payload_error`` attribute) and the span is still exported.
+
+Redaction here is by *key name* only (``api_key``, ``password``, ...: the structure is known
+while walking). Secrets inside strings are found once, at span end, by ``otel_verl._scrub`` over
+the final text of every attribute, so no string is scanned twice.
+
+The encoder is ``orjson`` when installed (measured in ``bench/bench_capture.py``), else the
+standard library's ``json``; both get the same already-bounded data.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
-import functools
 import json
 import math
-import re
+import sys
+import uuid
 from collections.abc import Mapping
-from datetime import date, datetime
+from datetime import date, datetime, time
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import PurePath
 from typing import Any
 
-REDACTED = "[REDACTED]"
+from otel_verl._scrub import REDACTED, fix_surrogates, is_sensitive_key, scrub
+
+__all__ = ["LIST_MARK", "MAX_DEPTH", "REDACTED", "TRUNCATION_MARK", "Payload", "is_sensitive_key",
+           "redact_text", "to_payload"]
+
 TRUNCATION_MARK = "…[truncated {n} chars]"
 LIST_MARK = "…[{n} more items]"
+KEYS_MARK = "[{n} more keys]"
 MAX_DEPTH = 32
-#: arrays/tensors with more elements than this are summarised instead of listed
-MAX_ARRAY_ELEMENTS = 65536
+#: ints beyond this many bits are recorded as a note (str() of huge ints is quadratic and
+#: raises beyond 4,300 digits); ints beyond 64 bits are written as strings (JSON readers lose
+#: precision on them)
+MAX_INT_BITS = 4096
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+#: a key longer than this is cut
+MAX_KEY_CHARS = 256
+_CHUNK = 256
+#: characters a secret is made of: a string cut inside such a run is cut before the run, so no
+#: prefix of a key is left where the span-end scan can no longer recognise it
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+/=.")
 
-_SENSITIVE_KEY = re.compile(
-    r"(pass(word|wd)?|secret|api[-_]?key|apikey|auth(orization)?|token|cookie|credential|"
-    r"private[-_]?key|session[-_]?id|access[-_]?key)",
-    re.IGNORECASE,
-)
-#: keys that contain a sensitive word but hold no secret in rollout data
-_SAFE_KEYS = frozenset({
-    "prompt_ids", "response_ids", "token_ids", "max_tokens", "num_tokens", "prompt_tokens",
-    "completion_tokens", "total_tokens", "input_tokens", "output_tokens", "max_new_tokens",
-    "token2text", "tokens", "max_tokens_per_turn", "tokenizer", "skip_special_tokens",
-    "response_length", "prompt_length", "token_count", "logprobs", "top_logprobs",
-    "stop_token_ids", "eos_token_id", "pad_token_id", "bos_token_id", "max_completion_tokens",
-    "tokenize", "add_special_tokens", "author", "authors",
-})
-_SECRET_VALUE = re.compile(
-    r"(?:\bBearer\s+[A-Za-z0-9._~+/=-]{8,}"          # bearer tokens
-    r"|\bBasic\s+[A-Za-z0-9+/=]{12,}"                # basic auth
-    r"|\bsk-[A-Za-z0-9_-]{16,}"                      # OpenAI-style keys
-    r"|\b(?:local|wandb)?-?[0-9a-f]{40}\b"           # W&B API keys (40 hex, optional prefix)
-    r"|\bgh[pousr]_[A-Za-z0-9]{30,}"                 # GitHub tokens
-    r"|\bhf_[A-Za-z0-9]{30,}"                        # Hugging Face tokens
-    r"|\bAKIA[0-9A-Z]{16}\b)"                        # AWS access key ids
-)
-
-# cheap pre-checks (C speed) before the regular expressions above: a literal scan for the
-# prefixes, and a byte translation that turns any run of 40 hex characters into b"x" * 40
-# (a regular expression scanning token-id lists for 40-hex runs costs ~10x more)
-_SECRET_HINTS = re.compile(r"Bearer|Basic |sk-|gh[pousr]_|hf_|AKIA")
-_HEX_MASK = bytes(ord("x") if chr(i) in "0123456789abcdef" else ord(" ") for i in range(256))
-_HEX_RUN = b"x" * 40
-_KEY_WORDS = ("pass", "secret", "api", "auth", "token", "cookie", "credential", "private",
-              "session", "access")
+try:  # a fast encoder where it is installed (optional: pip install orjson)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
 
 
-def _may_hold_secret(text: str) -> bool:
-    if _SECRET_HINTS.search(text) is not None:
-        return True
-    return _HEX_RUN in text.encode("utf-8", "surrogatepass").translate(_HEX_MASK)
+def _dumps_std(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-@functools.lru_cache(maxsize=4096)
-def is_sensitive_key(key: str) -> bool:
-    """True for dict keys whose values must never leave the process (api_key, password, ...)."""
-    return key.lower() not in _SAFE_KEYS and _SENSITIVE_KEY.search(key) is not None
+def _dumps(value: Any) -> str:
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(value).decode("utf-8")
+        except (TypeError, ValueError):  # e.g. a case the walker let through: use the reference
+            pass
+    return _dumps_std(value)
 
 
 @dataclasses.dataclass
@@ -83,191 +85,307 @@ class Payload:
     error: str | None = None
 
 
+def _type_name(kind: type) -> str:
+    try:
+        module = kind.__module__
+        name = kind.__qualname__
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise TypeError
+    except Exception:
+        return "<object>"
+    return f"<{name}>" if module == "builtins" else f"<{module}.{name}>"
+
+
+def _describe(kind: type, exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable>"
+    return f"{_type_name(kind)[1:-1]}: {type(exc).__name__}: {message}"[:300]
+
+
+def _cut_point(text: str, limit: int) -> int:
+    """Where to cut ``text`` at ``limit`` characters without leaving half a secret-shaped run."""
+    cut = limit
+    floor = max(0, limit - 200)
+    if cut < len(text) and text[cut] in _TOKEN_CHARS:
+        while cut > floor and text[cut - 1] in _TOKEN_CHARS:
+            cut -= 1
+        if cut == floor and floor > 0:  # a run longer than any secret: cut where asked
+            cut = limit
+    return cut
+
+
 class _Walker:
-    """One conversion pass; counts redactions and notes problems instead of raising."""
+    """One budgeted conversion pass; counts redactions and notes problems instead of raising."""
 
-    __slots__ = ("redact", "max_str", "redacted", "cut", "errors", "_active")
+    __slots__ = ("_active", "budget", "cut", "errors", "max_str", "redact", "redacted")
 
-    def __init__(self, redact: bool, max_str: int) -> None:
+    def __init__(self, redact: bool, max_bytes: int) -> None:
         self.redact = redact
-        self.max_str = max_str
+        self.budget = max_bytes  # JSON bytes still available (an estimate, checked at the end)
+        self.max_str = max(64, max_bytes // 2)
         self.redacted = 0
         self.cut = False
         self.errors: list[str] = []
         self._active: set[int] = set()
 
+    # -- leaves -----------------------------------------------------------------------------------
+    def string(self, text: str) -> str:
+        text = fix_surrogates(text)
+        limit = max(32, min(self.max_str, self.budget))
+        if text.isascii():
+            if len(text) > limit:
+                cut = _cut_point(text, limit)
+                self.cut = True
+                text = text[:cut] + TRUNCATION_MARK.format(n=len(text) - cut)
+            self.budget -= len(text) + 3
+            return text
+        if len(text) * 4 > limit:  # maybe over the limit in UTF-8 bytes: measure
+            data = text.encode("utf-8")
+            if len(data) > limit:
+                head = data[:limit].decode("utf-8", "ignore")
+                cut = _cut_point(head + text[len(head):len(head) + 1], len(head))
+                self.cut = True
+                text = text[:cut] + TRUNCATION_MARK.format(n=len(text) - cut)
+                self.budget -= len(text.encode("utf-8")) + 3
+                return text
+            self.budget -= len(data) + 3
+            return text
+        self.budget -= len(text) * 2 + 3
+        return text
+
+    def integer(self, value: int) -> Any:
+        if _INT64_MIN <= value <= _UINT64_MAX:
+            self.budget -= 8
+            return value
+        bits = value.bit_length()
+        if bits > MAX_INT_BITS:
+            self.budget -= 24
+            return f"<int of {bits} bits>"
+        text = str(value)
+        self.budget -= len(text) + 3
+        return text
+
+    # -- the walk ---------------------------------------------------------------------------------
     def walk(self, obj: Any, depth: int = 0) -> Any:
         kind = type(obj)
-        if obj is None or kind is bool or kind is int:
-            return obj
-        if kind is float:
-            return obj if math.isfinite(obj) else str(obj)
         if kind is str:
-            return self._string(obj)
+            return self.string(obj)
+        if obj is None or kind is bool:
+            self.budget -= 5
+            return obj
+        if kind is int:
+            return self.integer(obj)
+        if kind is float:
+            self.budget -= 12
+            return obj if math.isfinite(obj) else str(obj)
         if depth >= MAX_DEPTH:
+            self.budget -= 12
             return "<max depth>"
         ident = id(obj)
         if ident in self._active:
+            self.budget -= 8
             return "<cycle>"
         self._active.add(ident)
         try:
             return self._container(obj, kind, depth)
-        except Exception as exc:  # a hostile __iter__, __getattr__, model_dump, ...
-            self.errors.append(redact_text(f"{kind.__qualname__}: {type(exc).__name__}: {exc}")[:300])
-            return f"<unserialisable {kind.__qualname__}>"
+        except Exception as exc:  # user code raised (items(), a property, __iter__, ...)
+            self.errors.append(_describe(kind, exc))
+            self.budget -= 32
+            return f"<unserialisable {_type_name(kind)[1:-1]}>"
         finally:
             self._active.discard(ident)
 
-    def _string(self, text: str) -> str:
-        if self.redact and _may_hold_secret(text) and _SECRET_VALUE.search(text):
-            text, count = _SECRET_VALUE.subn(REDACTED, text)
-            self.redacted += count
-        if len(text) > self.max_str:
-            cut = len(text) - self.max_str
-            self.cut = True
-            text = text[: self.max_str] + TRUNCATION_MARK.format(n=cut)
-        return text
-
     def _container(self, obj: Any, kind: type, depth: int) -> Any:
-        if isinstance(obj, Mapping):
-            return self._mapping(obj.items(), depth)
+        if kind is dict:
+            return self._mapping(obj, dict.items(obj), depth)
         if kind is list or kind is tuple:
-            if all(type(x) is int for x in obj):  # token ids: the common large case, fast path
-                return obj if kind is list else list(obj)
-            return [self.walk(x, depth + 1) for x in obj]
-        if isinstance(obj, (set, frozenset)):
-            items = [self.walk(x, depth + 1) for x in obj]
-            try:
-                return sorted(items)
-            except TypeError:
-                return sorted(items, key=repr)
-        if isinstance(obj, enum.Enum):
-            return self.walk(obj.value, depth + 1)
-        if isinstance(obj, (bytes, bytearray, memoryview)):
-            data = bytes(obj)
-            head = data[:64].decode("utf-8", "backslashreplace")
-            return {"__bytes__": len(data), "head": self._string(head)}
-        if isinstance(obj, float):  # float subclasses, numpy floats are handled below
-            return float(obj) if math.isfinite(obj) else str(obj)
-        if isinstance(obj, int):
-            return int(obj)
-        if isinstance(obj, str):
-            return self._string(str(obj))
-        if isinstance(obj, (datetime, date)):
-            return obj.isoformat()
-        if isinstance(obj, PurePath):
-            return str(obj)
-        array = _array_like(obj)
-        if array is not None:
-            return self.walk(array, depth + 1)
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            items = ((f.name, getattr(obj, f.name, None)) for f in dataclasses.fields(obj))
-            return self._mapping(items, depth)
-        dump = getattr(obj, "model_dump", None)
-        if callable(dump) and not isinstance(obj, type):  # pydantic v2
-            return self.walk(dump(), depth + 1)
-        if isinstance(obj, (list, tuple)):  # namedtuples and list subclasses
-            return [self.walk(x, depth + 1) for x in obj]
-        return self._repr(obj)
+            return self._sequence(obj, depth)
+        if issubclass(kind, enum.Enum):
+            return self.walk(object.__getattribute__(obj, "_value_"), depth + 1)
+        if issubclass(kind, str):
+            return self.string(str.__str__(obj))
+        if issubclass(kind, int):  # int subclasses (bool was handled); IntEnum is an Enum
+            return self.integer(int.__int__(obj))
+        if issubclass(kind, float):  # float subclasses, numpy.float64
+            value = float.__float__(obj)
+            self.budget -= 12
+            return value if math.isfinite(value) else str(value)
+        if issubclass(kind, Mapping):
+            return self._mapping(obj, obj.items(), depth)
+        if issubclass(kind, (list, tuple)):  # subclasses, namedtuples: their items, not __iter__
+            return self._sequence(list.__iter__(obj) if issubclass(kind, list)
+                                  else tuple.__iter__(obj), depth)
+        if issubclass(kind, (set, frozenset, collections.deque)):
+            return self._unordered(obj, kind, depth)
+        if issubclass(kind, (bytes, bytearray, memoryview)):
+            return self._bytes(obj, kind)
+        special = self._known(obj, kind, depth)
+        if special is not _UNKNOWN:
+            return special
+        name = _type_name(kind)
+        self.budget -= len(name) + 3
+        return name
 
-    def _mapping(self, items: Any, depth: int) -> dict[str, Any]:
+    def _known(self, obj: Any, kind: type, depth: int) -> Any:
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            if issubclass(kind, numpy.ndarray):
+                return self._array(obj, "numpy", obj.size, obj.reshape(-1), depth)
+            if issubclass(kind, numpy.generic):
+                return self.walk(obj.item(), depth + 1)
+        torch = sys.modules.get("torch")
+        if torch is not None and issubclass(kind, torch.Tensor):
+            tensor = obj.detach()
+            return self._array(tensor, "torch", tensor.numel(), tensor.reshape(-1), depth)
+        pydantic = sys.modules.get("pydantic")
+        if pydantic is not None and issubclass(kind, pydantic.BaseModel):
+            values = object.__getattribute__(obj, "__dict__")
+            fields = kind.model_fields
+            items = [(name, values.get(name)) for name in fields if name in values]
+            extra = object.__getattribute__(obj, "__pydantic_extra__")
+            if type(extra) is dict:
+                items.extend(extra.items())
+            return self._mapping(None, items, depth)
+        if dataclasses.is_dataclass(kind):
+            items = ((f.name, object.__getattribute__(obj, f.name))
+                     for f in dataclasses.fields(kind))
+            return self._mapping(None, items, depth)
+        if issubclass(kind, datetime):
+            return self.string(datetime.isoformat(obj))
+        if issubclass(kind, date):
+            return self.string(date.isoformat(obj))
+        if issubclass(kind, time):
+            return self.string(time.isoformat(obj))
+        if issubclass(kind, PurePath):
+            return self.string(PurePath.__str__(obj))
+        if issubclass(kind, uuid.UUID):
+            return self.string(uuid.UUID.__str__(obj))
+        if issubclass(kind, (Decimal, Fraction, complex)):
+            base = next(b for b in (Decimal, Fraction, complex) if issubclass(kind, b))
+            return self.string(base.__str__(obj))
+        return _UNKNOWN
+
+    # -- containers -------------------------------------------------------------------------------
+    def _mapping(self, obj: Any, items: Any, depth: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        self.budget -= 2
+        done = 0
         for key, value in items:
-            name = key if type(key) is str else _key_text(key)
-            if self.redact and is_sensitive_key(name) and value is not None:
+            if self.budget <= 0:
+                self.cut = True
+                out["…"] = (KEYS_MARK.format(n=len(obj) - done) if obj is not None
+                            else "[more keys]")
+                break
+            name = key if type(key) is str else self._key(key)
+            if len(name) > MAX_KEY_CHARS:
+                name = name[:MAX_KEY_CHARS] + "…"
+            name = fix_surrogates(name)
+            self.budget -= len(name) + 4
+            if self.redact and value is not None and is_sensitive_key(name):
                 out[name] = REDACTED
                 self.redacted += 1
+                self.budget -= len(REDACTED)
             else:
                 out[name] = self.walk(value, depth + 1)
+            done += 1
         return out
 
-    def _repr(self, obj: Any) -> str:
-        try:
-            text = repr(obj)
-        except Exception as exc:
-            return f"<{type(obj).__qualname__} whose repr raised {type(exc).__name__}>"
-        return self._string(text[:1000])
+    def _key(self, key: Any) -> str:
+        kind = type(key)
+        if kind is int or kind is float or kind is bool or key is None:
+            return json.dumps(key) if kind is not int else str(self.integer(key))
+        if issubclass(kind, enum.Enum):
+            return self._key(object.__getattribute__(key, "_value_"))
+        if issubclass(kind, str):
+            return str.__str__(key)
+        value = self.walk(key, MAX_DEPTH - 1)  # a tuple key, a date, ...: its JSON, shallow
+        return value if isinstance(value, str) else _dumps_std(value)
+
+    def _sequence(self, obj: Any, depth: int) -> list[Any]:
+        out: list[Any] = []
+        self.budget -= 2
+        if type(obj) is list or type(obj) is tuple:
+            total = len(obj)
+            start = 0
+            while start < total:
+                if self.budget <= 0:
+                    self.cut = True
+                    out.append(LIST_MARK.format(n=total - start))
+                    break
+                chunk = obj[start:start + _CHUNK]
+                if _small_ints(chunk):  # token ids: the common large case, at C speed
+                    out.extend(chunk)
+                    self.budget -= len(repr(chunk)) - len(chunk)
+                else:
+                    for item in chunk:
+                        if self.budget <= 0:
+                            break
+                        out.append(self.walk(item, depth + 1))
+                        start += 1
+                    continue
+                start += len(chunk)
+            return out
+        for item in obj:  # an iterator over a list/tuple subclass's items
+            if self.budget <= 0:
+                self.cut = True
+                out.append("…[more items]")
+                break
+            out.append(self.walk(item, depth + 1))
+        return out
+
+    def _unordered(self, obj: Any, kind: type, depth: int) -> list[Any]:
+        total = len(obj)
+        items: list[Any] = []
+        for item in obj:
+            if self.budget <= 0:
+                break
+            items.append(self.walk(item, depth + 1))
+        if kind is not collections.deque:
+            try:
+                items.sort()
+            except TypeError:
+                items.sort(key=_dumps_std)
+        if len(items) < total:
+            self.cut = True
+            items.append(LIST_MARK.format(n=total - len(items)))
+        return items
+
+    def _bytes(self, obj: Any, kind: type) -> dict[str, Any]:
+        view = memoryview(obj).cast("B") if kind is memoryview else obj
+        size = len(view)
+        head = bytes(view[:64]).decode("utf-8", "backslashreplace")
+        self.budget -= 40
+        return {"__bytes__": size, "head": self.string(head)}
+
+    def _array(self, array: Any, library: str, size: int, flat: Any, depth: int) -> Any:
+        """A numpy array or torch tensor: the whole list when it fits, else shape and a head."""
+        room = max(16, self.budget // 2)  # each element takes at least 2 bytes of JSON
+        if size <= room and size <= 65536:
+            if library == "torch":
+                array = array.cpu()
+            return self.walk(array.tolist(), depth + 1)
+        head = flat[: min(size, room, 4096)]
+        if library == "torch":
+            head = head.cpu()
+        self.cut = True
+        shape = [int(n) for n in array.shape]
+        return {"__array__": library, "shape": shape, "dtype": str(array.dtype),
+                "head": self.walk(head.tolist(), depth + 1)}
 
 
-def _key_text(key: Any) -> str:
-    if isinstance(key, enum.Enum):
-        key = key.value
+_UNKNOWN: Any = object()
+
+
+def _small_ints(chunk: list[Any] | tuple[Any, ...]) -> bool:
+    if not chunk:
+        return True
     try:
-        return key if isinstance(key, str) else str(key)
+        return set(map(type, chunk)) == {int} and min(chunk) >= _INT64_MIN and \
+            max(chunk) <= _UINT64_MAX
     except Exception:
-        return f"<key {type(key).__qualname__}>"
-
-
-def _array_like(obj: Any) -> Any:
-    """numpy arrays/scalars and torch tensors as lists or numbers, without importing either."""
-    module = type(obj).__module__ or ""
-    if module.startswith("numpy"):
-        if hasattr(obj, "shape") and hasattr(obj, "tolist"):
-            if getattr(obj, "size", 0) > MAX_ARRAY_ELEMENTS:
-                return {"__array__": "numpy", "shape": list(obj.shape), "dtype": str(obj.dtype),
-                        "head": obj.reshape(-1)[:16].tolist()}
-            return obj.tolist()
-        if hasattr(obj, "item"):
-            return obj.item()
-    if module.startswith("torch") and hasattr(obj, "detach") and hasattr(obj, "tolist"):
-        tensor = obj.detach()
-        if tensor.numel() > MAX_ARRAY_ELEMENTS:
-            flat = tensor.reshape(-1)[:16].cpu()
-            return {"__array__": "torch", "shape": list(tensor.shape), "dtype": str(tensor.dtype),
-                    "head": flat.tolist()}
-        return tensor.cpu().tolist()
-    return None
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-#: a JSON object key in serialised text (for a key with an escaped quote, the part after it)
-_JSON_KEY = re.compile(r'"([^"\\]+)":')
-
-
-class _NeedsWalk(Exception):
-    """The fast path met something only the full walk handles."""
-
-
-def _fast_default(obj: Any) -> Any:
-    """json.dumps fallback for the fast path: common non-JSON types, else give up."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
-    dump = getattr(obj, "model_dump", None)
-    if callable(dump) and not isinstance(obj, type):  # pydantic v2
-        return dump()
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    raise _NeedsWalk
-
-
-_FAST_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
-                                 default=_fast_default)
-
-
-def _fast_json(value: Any, max_bytes: int, redact: bool) -> str | None:
-    """C-speed path for the common case: plain JSON data that fits, with no secret in sight.
-
-    Returns None when the full walk is needed (a cycle, NaN, an unknown type, something that looks
-    like a secret, or text over the budget).
-    """
-    try:
-        text = _FAST_ENCODER.encode(value)
-    except (_NeedsWalk, ValueError, TypeError, RecursionError):
-        return None
-    if len(text) > max_bytes // 4 and len(text.encode("utf-8")) > max_bytes:
-        return None
-    if redact:
-        if _may_hold_secret(text) and _SECRET_VALUE.search(text):
-            return None
-        lowered = text.lower()
-        if any(word in lowered for word in _KEY_WORDS):  # then check the keys one by one
-            for key in _JSON_KEY.findall(text):
-                if is_sensitive_key(key):
-                    return None
-    return text
+        return False
 
 
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
@@ -276,22 +394,20 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     Args:
         value: anything.
         max_bytes: the field's budget; the result is always valid JSON within it (>= 256).
-        redact: replace secrets (sensitive keys, key-like values) with ``[REDACTED]``.
+        redact: replace the values of sensitive keys (``api_key``, ``password``, ...) with
+            ``[REDACTED]`` (secrets inside strings are redacted at span end).
 
     Returns:
         The JSON text and what was cut, redacted or could not be serialised.
     """
     max_bytes = max(256, max_bytes)
-    fast = _fast_json(value, max_bytes, redact)
-    if fast is not None:
-        return Payload(fast)
     try:
-        walker = _Walker(redact, max_str=max_bytes)
+        walker = _Walker(redact, max_bytes - 64)  # room for the closing marks
         data = walker.walk(value)
         text = _dumps(data)
     except Exception as exc:  # the walker guards itself; this is the last line of defence
-        return Payload(_dumps({"__error__": f"{type(exc).__name__}: {exc}"[:200]}),
-                       error=f"{type(exc).__name__}: {exc}")
+        note = _describe(type(value), exc)
+        return Payload(_dumps_std({"__error__": note[:200]}), error=note)
     error = "; ".join(walker.errors) or None
     if len(text) <= max_bytes // 4 or len(text.encode("utf-8")) <= max_bytes:
         return Payload(text, truncated=walker.cut, redacted=walker.redacted, error=error)
@@ -318,7 +434,8 @@ def _fit(data: Any, max_bytes: int) -> str:
 def _shrink(data: Any, limit_str: int, limit_list: int) -> Any:
     if isinstance(data, str):
         if len(data) > limit_str:
-            return data[:limit_str] + TRUNCATION_MARK.format(n=len(data) - limit_str)
+            cut = _cut_point(data, limit_str)
+            return data[:cut] + TRUNCATION_MARK.format(n=len(data) - cut)
         return data
     if isinstance(data, list):
         head = [_shrink(x, limit_str, limit_list) for x in data[:limit_list]]
@@ -331,5 +448,5 @@ def _shrink(data: Any, limit_str: int, limit_list: int) -> Any:
 
 
 def redact_text(text: str) -> str:
-    """Redact key-like values inside a free-text string (for attributes that are not payloads)."""
-    return _SECRET_VALUE.sub(REDACTED, text)
+    """Redact every secret of the catalogue inside a free-text string (see ``otel_verl._scrub``)."""
+    return scrub(text)[0]

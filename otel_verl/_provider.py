@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from otel_verl import semconv
 from otel_verl._config import ConfigError, TraceConfig
 from otel_verl._processor import BoundedBatchProcessor, TrajectoryAttributesProcessor
+from otel_verl._scrub import ScrubbingSpanExporter, build_scrubber
 
 SCOPE_NAME = "otel_verl"
 
@@ -115,13 +116,17 @@ def build_provider(
         The provider, its exporter and its export processor.
     """
     exporter = exporter if exporter is not None else build_exporter(config)
+    # redaction: one pass per finished span, before the exporter sees it (on the export thread
+    # with the batch processor); the exporter itself is returned unwrapped (stats, get_client)
+    scrubber = build_scrubber(config)
+    sink = exporter if scrubber is None else ScrubbingSpanExporter(exporter, scrubber)
     provider = TracerProvider(resource=build_resource(config))
     provider.add_span_processor(TrajectoryAttributesProcessor(
         current_trajectory, semconv.ROLLOUT_EXPERIMENT_NAME, semconv.OTEL_VERL_TRAJECTORY_CHILD))
     if config.processor == "simple":
-        processor: SpanProcessor = SimpleSpanProcessor(exporter)
+        processor: SpanProcessor = SimpleSpanProcessor(sink)
     else:
-        processor = BoundedBatchProcessor(exporter, max_queue_size=config.max_queue_size,
+        processor = BoundedBatchProcessor(sink, max_queue_size=config.max_queue_size,
                                           max_export_batch_size=config.max_export_batch_size,
                                           schedule_delay_s=config.schedule_delay_s)
     provider.add_span_processor(processor)

@@ -23,6 +23,7 @@ from opentelemetry.trace import Span, SpanKind
 from otel_verl import _errors, semconv
 from otel_verl._capture import record_failure
 from otel_verl._sampling import normalise_index
+from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 
 _NOOP_TRACER = otel_trace.NoOpTracer()
@@ -56,23 +57,26 @@ def rollout_trace_attr(
     for key, value in ((semconv.ROLLOUT_STEP, step), (semconv.ROLLOUT_SAMPLE_INDEX, sample_index),
                        (semconv.ROLLOUT_ROLLOUT_N, rollout_n)):
         if value is not None:
-            value = normalise_index(value)
-            attrs[key] = value if isinstance(value, (int, str, float, bool)) else str(value)
-    attrs[semconv.ROLLOUT_VALIDATE] = bool(validate)
+            attrs[key] = _index_attribute(value)
+    attrs[semconv.ROLLOUT_VALIDATE] = validate if type(validate) is bool else _truth(validate)
     attrs[semconv.ROLLOUT_EXPERIMENT_NAME] = STATE.config.experiment_name
-    if runtime is None or not trace:
-        token = TRAJECTORY.set(Trajectory(attrs, None, bool(trace)))
+    enabled = trace if type(trace) is bool else _truth(trace)
+    previous = TRAJECTORY.get()
+    if runtime is None or not enabled:
+        token = TRAJECTORY.set(Trajectory(attrs, None, enabled))
         try:
             yield None
         finally:
-            TRAJECTORY.reset(token)
+            _restore(token, previous)
         return
+    name = fix_surrogates(name) if type(name) is str else "rollout_trace"
     span = runtime.tracer.start_span(
         name, kind=SpanKind.INTERNAL,
         attributes={**attrs, semconv.OTEL_VERL_TRAJECTORY: True,
                     semconv.ROLLOUT_PROJECT_NAME: runtime.config.project_name,
                     semconv.OPENINFERENCE_SPAN_KIND: semconv.SpanKindName.AGENT})
     token = TRAJECTORY.set(Trajectory(attrs, span, True))
+    previous_context = otel_context.get_current()
     ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
     try:
         yield span
@@ -80,9 +84,55 @@ def rollout_trace_attr(
         record_failure(span, exc)
         raise
     finally:
-        otel_context.detach(ctx_token)
-        TRAJECTORY.reset(token)
+        if _restore(token, previous):
+            otel_context.detach(ctx_token)
+        else:  # exited from another context: the tokens belong to the first one
+            otel_context.attach(previous_context)
         span.end()
+
+
+def _restore(token: Any, previous: Trajectory | None) -> bool:
+    """Reset the trajectory variable; False when the exit happens in another context than the
+    entry (a context manager entered in one task and left in another), where the previous value
+    is set instead of raising ValueError into the rollout."""
+    try:
+        TRAJECTORY.reset(token)
+        return True
+    except ValueError:
+        TRAJECTORY.set(previous)
+        return False
+
+
+def _index_attribute(value: Any) -> Any:
+    """step / sample_index / rollout_n as an attribute value; never raises (an index whose
+    ``item()`` or ``__str__`` raises is recorded by its type name)."""
+    try:
+        value = normalise_index(value)
+        kind = type(value)
+        if kind is int:
+            return value if -(2**63) <= value < 2**63 else _big_int(value)
+        if kind is str:
+            return fix_surrogates(value)
+        if kind is float or kind is bool:
+            return value
+        return fix_surrogates(str(value))[:256]
+    except Exception:
+        try:
+            return f"<{type(value).__qualname__}>"
+        except Exception:
+            return "<index>"
+
+
+def _big_int(value: int) -> str:
+    bits = value.bit_length()
+    return str(value) if bits <= 4096 else f"<int of {bits} bits>"
+
+
+def _truth(value: Any) -> bool:
+    try:
+        return bool(value)
+    except Exception:
+        return True
 
 
 def is_recording() -> bool:

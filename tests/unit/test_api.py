@@ -337,7 +337,8 @@ def test_internal_error_does_not_break_the_rollout(caplog):
     with capture_spans(strict=False) as exporter:
         assert echo(Unserialisable()).__class__ is Unserialisable
     span = exporter.get_finished_spans()[0]
-    assert "repr raised RuntimeError" in span.attributes[semconv.INPUT_VALUE]
+    # an unknown type is recorded by its name; its repr is never called
+    assert span.attributes[semconv.INPUT_VALUE].endswith('Unserialisable>"}')
 
 
 def test_numpy_trajectory_attributes_are_plain_numbers(spans):
