@@ -284,10 +284,11 @@ def decode_line(raw: bytes | str) -> list[Any]:
     except UnicodeDecodeError as error:
         raise ValueError(f"not UTF-8: {error}") from None
     if not isinstance(request, dict):
-        raise ValueError(f"a JSON {type(request).__name__}, not an object")
+        kind = type(request).__name__
+        raise ValueError(f"a JSON {kind}, not an object")  # noqa: TRY004 - one type for bad lines
     resource_spans = _get(request, "resourceSpans", "resource_spans")
     if not isinstance(resource_spans, list):
-        raise ValueError("no resourceSpans list")
+        raise ValueError("no resourceSpans list")  # noqa: TRY004
     return resource_spans
 
 
