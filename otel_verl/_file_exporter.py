@@ -91,6 +91,13 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
+def _size(fd: int, default: int) -> int:
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return default + 1  # unknown: assume a partial write
+
+
 def _write(fd: int, data: memoryview) -> int:
     """``os.write`` (a seam for the full-disk tests)."""
     return os.write(fd, data)
@@ -204,7 +211,7 @@ class FileSpanExporter(SpanExporter):
             while view:
                 view = view[_write(fd, view):]
         except OSError:
-            if len(view) < len(line):  # part of the line is in the file: take it back
+            if _size(fd, start) > start:  # part of the line is in the file: take it back
                 try:
                     os.ftruncate(fd, start)
                 except OSError:

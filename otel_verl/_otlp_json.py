@@ -40,9 +40,12 @@ __all__ = [
     "encode_line",
     "encode_request",
     "encode_span_line",
+    "iter_spans",
+    "otlp_json_to_request",
     "readable_span",
     "request_to_otlp_json",
     "spans_from_otlp_json",
+    "spans_of_request",
 ]
 
 _logger = logging.getLogger("otel_verl")
@@ -526,6 +529,31 @@ def _hex_ids(obj: Any) -> None:
     elif isinstance(obj, list):
         for item in obj:
             _hex_ids(item)
+
+
+def _b64_ids(obj: Any) -> None:
+    """The reverse of ``_hex_ids``: OTLP/JSON hex ids -> base64, for ``json_format``."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                try:
+                    obj[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                except ValueError:
+                    pass  # not hex: leave it for the parser to judge
+            else:
+                _b64_ids(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            _b64_ids(item)
+
+
+def otlp_json_to_request(document: dict[str, Any], request: Any) -> Any:
+    """Fill a protobuf ``ExportTraceServiceRequest`` from an OTLP/JSON document (hex ids)."""
+    from google.protobuf import json_format
+
+    _b64_ids(document)
+    json_format.ParseDict(document, request, ignore_unknown_fields=True)
+    return request
 
 
 def request_to_otlp_json(request: Any) -> dict[str, Any]:

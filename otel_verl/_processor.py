@@ -12,10 +12,12 @@ With :class:`otel_verl._spool.DurableSpanExporter` behind it, each batch goes to
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import logging
 import math
 import os
+import signal
 import threading
 import time
 import weakref
@@ -122,6 +124,7 @@ class BoundedBatchProcessor(SpanProcessor):
         self._last_drop_warning = 0.0
         self._start_worker()
         _AFTER_FORK.add(self)
+        _install_sigterm_handler()
 
     def _start_worker(self) -> None:
         self._queue: collections.deque[tuple[ReadableSpan, int]] = collections.deque()
@@ -159,8 +162,7 @@ class BoundedBatchProcessor(SpanProcessor):
         self._queue.append((span, size))
         self._bytes += size
         self._counts["queued"] += 1
-        if (len(self._queue) >= self._batch or self._bytes >= self._batch_bytes
-                or self._bytes * 2 >= self._max_bytes or len(self._queue) * 2 >= self._max_queue):
+        if self._full() or self._pressed():
             with self._cond:
                 self._cond.notify()
 
@@ -174,26 +176,35 @@ class BoundedBatchProcessor(SpanProcessor):
         while True:
             with self._cond:
                 while (not self._stopped and not self._flush_requests and not self._full()
-                       and self._bytes * 2 < self._max_bytes
-                       and len(self._queue) * 2 < self._max_queue):
+                       and not self._pressed()):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)
                 stopping = self._stopped
                 waiters, self._flush_requests = self._flush_requests, []
-            self._drain(everything=True)
-            deadline = time.monotonic() + self._delay
+                everything = (stopping or bool(waiters) or self._pressed()
+                              or time.monotonic() >= deadline)
+            self._drain(everything)
+            if everything:
+                deadline = time.monotonic() + self._delay
             for event in waiters:
                 event.set()
             if stopping:
                 return
 
+    def _pressed(self) -> bool:
+        """Half the queue's budget used: hand it over now (to disk, with the durable log)."""
+        return self._bytes * 2 >= self._max_bytes or len(self._queue) * 2 >= self._max_queue
+
     def _drain(self, everything: bool) -> None:
-        while self._queue:
+        """Export the queue in batches: all of it, or only full batches (the rest waits for
+        the schedule delay)."""
+        while self._queue and (everything or self._full()):
             batch = []
             size = 0
-            while self._queue and len(batch) < self._batch and (not batch or size < self._batch_bytes):
+            while self._queue and len(batch) < self._batch and (
+                    not batch or size < self._batch_bytes):
                 span, span_bytes = self._queue.popleft()
                 self._bytes -= span_bytes
                 size += span_bytes
@@ -201,8 +212,6 @@ class BoundedBatchProcessor(SpanProcessor):
             self._in_flight = len(batch)
             self._export(self._transformed(batch))
             self._in_flight = 0
-            if not everything:
-                return
 
     def _transformed(self, batch: list[ReadableSpan]) -> list[ReadableSpan]:
         if self._transform is None:
@@ -250,6 +259,14 @@ class BoundedBatchProcessor(SpanProcessor):
                     _errors.internal_error(exc, "exporter.force_flush raised")
                     done = False
         return done
+
+    def force_flush_to_exporter(self, timeout_s: float) -> bool:
+        """Hand the queue to the exporter (not waiting for the exporter's own delivery)."""
+        event = threading.Event()
+        with self._cond:
+            self._flush_requests.append(event)
+            self._cond.notify()
+        return event.wait(timeout_s)
 
     def shutdown(self, timeout_millis: float = 10000) -> None:
         if self._stopped:
@@ -324,3 +341,32 @@ def _reinit_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reinit_after_fork)
+
+
+_SIGTERM_INSTALLED = False
+
+
+def _install_sigterm_handler() -> None:
+    """On SIGTERM (Python's default: die without atexit), hand queued spans to the exporters
+    (the durable log: a disk write) before dying as SIGTERM would. Installed only when SIGTERM
+    has its default action and only from the main thread; an application's handler is kept."""
+    global _SIGTERM_INSTALLED
+    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or no signals here
+        return
+    _SIGTERM_INSTALLED = True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    deadline = time.monotonic() + 2.0
+    for processor in list(_AFTER_FORK):
+        if not processor._stopped:
+            with contextlib.suppress(Exception):
+                processor.force_flush_to_exporter(max(0.0, deadline - time.monotonic()))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -440,7 +440,7 @@ class DurableSpanExporter(SpanExporter):
                 while view:
                     view = view[_write(self._fd, view):]
             except OSError:
-                if len(view) < len(data):
+                if _size(self._fd, start) > start:
                     try:
                         os.ftruncate(self._fd, start)
                     except OSError:  # leave the torn line; the next segment starts clean
@@ -654,7 +654,8 @@ class DurableSpanExporter(SpanExporter):
         """Try to deliver what is left (bounded), then stop; what is left stays in the log."""
         if self._closed:
             return
-        timeout_s = self.shutdown_timeout_s if timeout_millis is None else _seconds(timeout_millis)
+        timeout_s = self.shutdown_timeout_s if timeout_millis is None else min(
+            self.shutdown_timeout_s, _seconds(timeout_millis))
         with self._cond:
             self._stopping = True
             self._deadline = time.monotonic() + timeout_s
@@ -708,6 +709,13 @@ def _seconds(timeout_millis: float) -> float:
     if math.isnan(seconds) or seconds < 0:
         return 0.0
     return min(seconds, threading.TIMEOUT_MAX)
+
+
+def _size(fd: int, default: int) -> int:
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return default + 1  # unknown: assume a partial write
 
 
 def _write(fd: int, data: memoryview) -> int:
