@@ -61,6 +61,11 @@ class TraceConfig:
     weave_entity: str | None = None
     weave_base_url: str | None = None
     redact_patterns: tuple[str, ...] = ()
+    durable: bool = True
+    max_queue_bytes: int = 256 * 1024 * 1024
+    max_request_bytes: int = 3 * 1024 * 1024
+    max_spool_bytes: int = 1024 * 1024 * 1024
+    export_delay_s: float = 5.0
 
     @property
     def enabled(self) -> bool:
@@ -149,6 +154,15 @@ def _parse_patterns(value: Any) -> tuple[str, ...]:
         except re.error as exc:
             raise ConfigError(f"invalid regular expression {pattern!r}: {exc}") from None
     return tuple(value)
+#: the shortest schedule delay (a smaller one turns the export worker into a busy loop)
+MIN_SCHEDULE_DELAY_S = 0.01
+
+
+def _parse_schedule_delay(value: Any) -> float:
+    number = _parse_positive_float(value)
+    if number < MIN_SCHEDULE_DELAY_S:
+        raise ConfigError(f"expected at least {MIN_SCHEDULE_DELAY_S} seconds, got {value!r}")
+    return number
 
 
 def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str]:
@@ -214,7 +228,7 @@ class _Field:
 
 def _ms_to_s(value: Any) -> float:
     try:
-        return _parse_positive_float(float(value) / 1000.0)
+        return _parse_schedule_delay(float(value) / 1000.0)
     except (TypeError, ValueError):
         raise ConfigError(f"expected a positive number of milliseconds, got {value!r}") from None
 
@@ -290,16 +304,18 @@ _FIELDS: tuple[_Field, ...] = (
            (_env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE,), (VERL_TRACE_PREFIX + "max_export_batch_size",),
            doc='spans per export request at most',
            shown_default='512'),
-    _Field("schedule_delay_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "schedule_delay_s",),
-           doc='seconds between exports (`OTEL_BSP_SCHEDULE_DELAY` is in ms)',
+    _Field("schedule_delay_s", _parse_schedule_delay, (), (VERL_TRACE_PREFIX + "schedule_delay_s",),
+           doc="seconds a finished span waits in memory at most before its batch is exported "
+               "(to the durable log with `durable`: what a SIGKILL can lose); at least 0.01 "
+               "(`OTEL_BSP_SCHEDULE_DELAY` is in ms)",
            shown_default='1.0'),
     _Field("export_timeout_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "export_timeout_s",),
            doc="one export request's time limit",
            shown_default='10.0'),
     _Field("spool_dir", _parse_opt_str, (_env.OTEL_VERL_SPOOL_DIR,),
            (VERL_TRACE_PREFIX + "spool_dir",),
-           doc='where spans a backend refused are kept for replay',
-           shown_default='`<trace_dir>/spool`'),
+           doc='the durable log: spans wait there until the backend accepts them',
+           shown_default='`<trace_dir>/spool/<backend>`'),
     _Field("weave_entity", _parse_opt_str, (_env.OTEL_VERL_WEAVE_ENTITY,),
            (VERL_TRACE_PREFIX + "weave_entity",),
            doc='Weave entity (then `WANDB_ENTITY`)',
@@ -314,6 +330,34 @@ _FIELDS: tuple[_Field, ...] = (
                "(a list; in the environment a JSON array or one pattern), added to the built-in "
                "catalogue",
            shown_default="none"),
+    _Field("durable", _parse_bool, (_env.OTEL_VERL_DURABLE,), (VERL_TRACE_PREFIX + "durable",),
+           doc="otlp, weave and exporters passed in (batch processor) deliver through a log on "
+               "disk (`spool_dir`, default `<trace_dir>/spool/<backend>`): an outage of any "
+               "length loses nothing within `max_spool_bytes`; the next process or "
+               "`otel-verl traces replay` delivers what a process left",
+           shown_default='`true`'),
+    _Field("max_queue_bytes", lambda v: _parse_int(v, 1024), (_env.OTEL_VERL_MAX_QUEUE_BYTES,),
+           (VERL_TRACE_PREFIX + "max_queue_bytes",),
+           doc="bytes of finished spans held in memory at most (estimated); from half of it the "
+               "queue is handed to the exporter (the log) early, beyond it spans are dropped "
+               "and counted",
+           shown_default='268435456 (256 MiB)'),
+    _Field("max_request_bytes", lambda v: _parse_int(v, 4096),
+           (_env.OTEL_VERL_MAX_REQUEST_BYTES,), (VERL_TRACE_PREFIX + "max_request_bytes",),
+           doc="bytes per export request at most (OTLP/JSON size of its spans; under the "
+               "Collector's 4 MiB gRPC limit); a larger span is cut to fit and marked "
+               "`otel_verl.truncated`",
+           shown_default='3145728 (3 MiB)'),
+    _Field("max_spool_bytes", lambda v: _parse_int(v, 1024 * 1024),
+           (_env.OTEL_VERL_MAX_SPOOL_BYTES,), (VERL_TRACE_PREFIX + "max_spool_bytes",),
+           doc="bytes the durable log may hold per process; beyond it the oldest spans are "
+               "dropped, counted (`dropped_spool_full`) and reported",
+           shown_default='1073741824 (1 GiB)'),
+    _Field("export_delay_s", _parse_positive_float, (_env.OTEL_VERL_EXPORT_DELAY,),
+           (VERL_TRACE_PREFIX + "export_delay_s",),
+           doc="with `durable`: a request that is not full leaves once its oldest span waited "
+               "this long (the spans are on disk meanwhile), so requests fill up",
+           shown_default='5.0'),
 )
 FIELD_NAMES = tuple(f.name for f in _FIELDS)
 # OTEL_BSP_SCHEDULE_DELAY is in milliseconds (OTel spec); ours is seconds

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from otel_verl import _env
 from otel_verl._config import TraceConfig, has_worker_config, resolve_config
 from otel_verl._sampling import TrajectorySampler
-from otel_verl._state import STATE
+from otel_verl._state import STATE, _half_millis
 
 _UNSET: Any = object()
 
@@ -167,7 +167,7 @@ class RolloutTraceConfig:
         runtime = STATE.runtime
         if runtime is None:
             return True
-        return runtime.provider.force_flush(int(timeout_s * 1000))
+        return runtime.provider.force_flush(_half_millis(timeout_s) * 2)
 
     @classmethod
     def shutdown(cls, timeout_s: float = 5.0) -> bool:
@@ -176,8 +176,9 @@ class RolloutTraceConfig:
 
     @classmethod
     def stats(cls) -> dict[str, int]:
-        """Delivery counts: queued, exported, export_failed, dropped_queue_full, spooled, ..."""
-        runtime = STATE.runtime
+        """Delivery counts (keys: see ``otel_verl.exporters``); after ``shutdown``, the last
+        counts (spans that ended after it included)."""
+        runtime = STATE.runtime or STATE.last_runtime
         return runtime.stats() if runtime is not None else {}
 
     @classmethod

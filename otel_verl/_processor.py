@@ -1,27 +1,36 @@
-"""Span processors: a bounded batch processor that counts what it drops, and the processor that
-copies trajectory attributes onto every span started inside a trajectory.
+"""Span processors: a batch processor bounded in bytes that counts what it drops, and the processor
+that copies trajectory attributes onto every span started inside a trajectory.
 
 The SDK's BatchSpanProcessor drops silently (one warning per 20 s) and exposes no counts; a user
 asking "did I lose traces?" needs numbers, so this one keeps them (``stats()``) and its flush and
-shutdown are bounded in time. The rollout's thread only appends to a deque.
+shutdown are bounded in time (any timeout, ``math.inf`` included). The rollout's thread only
+appends to a deque; a span ended after shutdown is counted (``dropped_after_shutdown``).
+With :class:`otel_verl._spool.DurableSpanExporter` behind it, each batch goes to disk within
+``schedule_delay_s``, so a SIGKILLed process loses at most the spans of its last schedule delay.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import inspect
 import logging
+import math
 import os
+import signal
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry.context import Context
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context, attach, set_value
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _errors
+from otel_verl._config import MIN_SCHEDULE_DELAY_S
+from otel_verl._spool import suppressed_instrumentation
 
 _log = logging.getLogger("otel_verl")
 
@@ -67,29 +76,59 @@ class TrajectoryAttributesProcessor(SpanProcessor):
         return True
 
 
+def estimate_bytes(span: ReadableSpan) -> int:
+    """A cheap upper-ish estimate of a span's encoded size (strings by length, the rest flat)."""
+    size = 320 + len(span.name)
+    for key, value in (span.attributes or {}).items():
+        size += len(key) + 40 + (len(value) if type(value) is str else 24)
+    for event in span.events:
+        size += 96 + len(event.name)
+        for key, value in (event.attributes or {}).items():
+            size += len(key) + 40 + (len(value) if type(value) is str else 24)
+    return size
+
+
 class BoundedBatchProcessor(SpanProcessor):
-    """Batches finished spans to an exporter on a background thread.
+    """Batches finished spans to an exporter on a background thread, bounded in bytes.
 
     Args:
-        exporter: where batches go; its ``export`` is called only from the worker thread.
-        max_queue_size: spans held at most; beyond it new spans are dropped and counted.
+        exporter: where batches go; its ``export`` is called only from the worker thread, with
+            OpenTelemetry instrumentation suppressed (no self-tracing of the export's own calls).
+        max_queue_size: spans held at most.
+        max_queue_bytes: estimated bytes held at most; from half of it on the worker is woken
+            to hand the queue to the exporter (with :class:`DurableSpanExporter`: to disk), and
+            beyond it new spans are dropped and counted (``dropped_queue_full``).
         max_export_batch_size: spans per ``export`` call.
-        schedule_delay_s: the longest a span waits before its batch is exported.
+        max_batch_bytes: estimated bytes per ``export`` call.
+        schedule_delay_s: the longest a span waits before its batch is exported (at least
+            ``MIN_SCHEDULE_DELAY_S``); a batch leaves earlier only when it is full.
+        transform: applied to each span on the worker thread before the exporter sees it
+            (redaction); a span it raises on is dropped (``dropped_transform_failed``), never
+            exported unredacted.
+
+    ``stats()`` keys: see :mod:`otel_verl.exporters`.
     """
 
     def __init__(self, exporter: SpanExporter, *, max_queue_size: int = 16384,
-                 max_export_batch_size: int = 512, schedule_delay_s: float = 1.0) -> None:
+                 max_queue_bytes: int = 256 * 1024 * 1024, max_export_batch_size: int = 512,
+                 max_batch_bytes: int = 3 * 1024 * 1024, schedule_delay_s: float = 1.0,
+                 transform: Callable[[ReadableSpan], ReadableSpan] | None = None) -> None:
         self.exporter = exporter
-        self._max_queue = max_queue_size
-        self._batch = max_export_batch_size
-        self._delay = schedule_delay_s
-        self._counts = collections.Counter()
+        self._max_queue = max(1, max_queue_size)
+        self._max_bytes = max(1, max_queue_bytes)
+        self._batch = max(1, max_export_batch_size)
+        self._batch_bytes = max(1, max_batch_bytes)
+        self._delay = max(MIN_SCHEDULE_DELAY_S, float(schedule_delay_s))
+        self._transform = transform
+        self._counts: collections.Counter[str] = collections.Counter()
         self._last_drop_warning = 0.0
         self._start_worker()
         _AFTER_FORK.add(self)
+        _install_sigterm_handler()
 
     def _start_worker(self) -> None:
-        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._queue: collections.deque[tuple[ReadableSpan, int]] = collections.deque()
+        self._bytes = 0
         self._cond = threading.Condition()
         self._flush_requests: list[threading.Event] = []
         self._in_flight = 0
@@ -102,49 +141,96 @@ class BoundedBatchProcessor(SpanProcessor):
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
-        if self._stopped or not span.context.trace_flags.sampled:
+        if not span.context.trace_flags.sampled:
             return
-        if len(self._queue) >= self._max_queue:
+        if self._stopped:
+            self._counts["dropped_after_shutdown"] += 1
+            if self._counts["dropped_after_shutdown"] == 1:
+                _log.warning("otel_verl: a span ended after tracing was shut down (%r); it is not "
+                             "exported (counted as dropped_after_shutdown)", span.name)
+            return
+        size = estimate_bytes(span)
+        if len(self._queue) >= self._max_queue or self._bytes + size > self._max_bytes:
             self._counts["dropped_queue_full"] += 1
             now = time.monotonic()
             if now - self._last_drop_warning > 20.0:
                 self._last_drop_warning = now
-                _log.warning("otel_verl: export queue full (%d spans); %d spans dropped so far",
-                             self._max_queue, self._counts["dropped_queue_full"])
+                _log.warning("otel_verl: export queue full (%d spans, ~%d bytes); %d spans "
+                             "dropped so far", len(self._queue), self._bytes,
+                             self._counts["dropped_queue_full"])
             return
-        self._queue.append(span)
+        self._queue.append((span, size))
+        self._bytes += size
         self._counts["queued"] += 1
-        if len(self._queue) >= self._batch:
+        if self._full() or self._pressed():
             with self._cond:
                 self._cond.notify()
 
     # -- the worker ------------------------------------------------------------------------------
+    def _full(self) -> bool:
+        return len(self._queue) >= self._batch or self._bytes >= self._batch_bytes
+
     def _run(self) -> None:
+        attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))  # this thread only exports
+        deadline = time.monotonic() + self._delay
         while True:
             with self._cond:
-                if not self._stopped and not self._flush_requests and len(self._queue) < self._batch:
-                    self._cond.wait(self._delay)
+                while (not self._stopped and not self._flush_requests and not self._full()
+                       and not self._pressed()):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 stopping = self._stopped
                 waiters, self._flush_requests = self._flush_requests, []
-            self._drain()
+                everything = (stopping or bool(waiters) or self._pressed()
+                              or time.monotonic() >= deadline)
+            self._drain(everything)
+            if everything:
+                deadline = time.monotonic() + self._delay
             for event in waiters:
                 event.set()
             if stopping:
                 return
 
-    def _drain(self) -> None:
-        while self._queue:
+    def _pressed(self) -> bool:
+        """Half the queue's budget used: hand it over now (to disk, with the durable log)."""
+        return self._bytes * 2 >= self._max_bytes or len(self._queue) * 2 >= self._max_queue
+
+    def _drain(self, everything: bool) -> None:
+        """Export the queue in batches: all of it, or only full batches (the rest waits for
+        the schedule delay)."""
+        while self._queue and (everything or self._full()):
             batch = []
-            while self._queue and len(batch) < self._batch:
-                batch.append(self._queue.popleft())
+            size = 0
+            while self._queue and len(batch) < self._batch and (
+                    not batch or size < self._batch_bytes):
+                span, span_bytes = self._queue.popleft()
+                self._bytes -= span_bytes
+                size += span_bytes
+                batch.append(span)
             self._in_flight = len(batch)
-            self._export(batch)
+            self._export(self._transformed(batch))
             self._in_flight = 0
 
+    def _transformed(self, batch: list[ReadableSpan]) -> list[ReadableSpan]:
+        if self._transform is None:
+            return batch
+        out = []
+        for span in batch:
+            try:
+                out.append(self._transform(span))
+            except Exception as exc:  # noqa: BLE001  # never export what could not be redacted
+                self._counts["dropped_transform_failed"] += 1
+                _errors.internal_error(exc, "span transform raised; span dropped")
+        return out
+
     def _export(self, batch: list[ReadableSpan]) -> None:
+        if not batch:
+            return
         try:
             result = self.exporter.export(batch)
-        except Exception as exc:  # exporters must not raise; one that does costs only its batch
+        except Exception as exc:  # noqa: BLE001  # exporters must not raise; one that does costs only its batch
             _errors.internal_error(exc, "exporter.export raised")
             result = SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
@@ -153,60 +239,77 @@ class BoundedBatchProcessor(SpanProcessor):
             self._counts["export_failed"] += len(batch)
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
+    def force_flush(self, timeout_millis: float = 30000) -> bool:
         if self._stopped:
             return not self._queue
-        deadline = time.monotonic() + timeout_millis / 1000.0
+        timeout_s = _seconds(timeout_millis)
+        deadline = time.monotonic() + timeout_s
         event = threading.Event()
         with self._cond:
             self._flush_requests.append(event)
             self._cond.notify()
-        done = event.wait(timeout_millis / 1000.0)
+        done = event.wait(timeout_s)
         if done:
             exporter_flush = getattr(self.exporter, "force_flush", None)
             if exporter_flush is not None:
-                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                left_ms = max(1.0, (deadline - time.monotonic()) * 1000)
                 try:
-                    done = bool(exporter_flush(left_ms))
-                except Exception as exc:
+                    done = bool(exporter_flush(left_ms if math.isinf(left_ms) else int(left_ms)))
+                except Exception as exc:  # noqa: BLE001
                     _errors.internal_error(exc, "exporter.force_flush raised")
                     done = False
         return done
 
-    def shutdown(self, timeout_millis: int = 10000) -> None:
+    def force_flush_to_exporter(self, timeout_s: float) -> bool:
+        """Hand the queue to the exporter (not waiting for the exporter's own delivery)."""
+        event = threading.Event()
+        with self._cond:
+            self._flush_requests.append(event)
+            self._cond.notify()
+        return event.wait(timeout_s)
+
+    def shutdown(self, timeout_millis: float = 10000) -> None:
         if self._stopped:
             return
-        deadline = time.monotonic() + timeout_millis / 1000.0
+        timeout_s = _seconds(timeout_millis)
+        deadline = time.monotonic() + timeout_s
         with self._cond:
             self._stopped = True
             self._cond.notify()
-        self._worker.join(max(0.0, deadline - time.monotonic()))
+        self._worker.join(max(0.0, min(deadline - time.monotonic(), threading.TIMEOUT_MAX)))
         if self._worker.is_alive():
-            self._counts["abandoned_at_shutdown"] += len(self._queue) + self._in_flight
+            left = len(self._queue) + self._in_flight
+            self._counts["abandoned_at_shutdown"] += left
             _log.warning("otel_verl: export did not finish within %.1fs at shutdown; %d spans "
-                         "abandoned", timeout_millis / 1000.0, len(self._queue) + self._in_flight)
-        self._call_exporter_shutdown(max(0.1, deadline - time.monotonic()))
+                         "abandoned", timeout_s, left)
+        self._call_exporter_shutdown(max(0.1, min(deadline - time.monotonic(), 3600.0)))
 
     def _call_exporter_shutdown(self, timeout_s: float) -> None:
         """Exporter shutdown may hang (Weave's own client does for minutes): bound it."""
-        thread = threading.Thread(target=self._exporter_shutdown, daemon=True,
+        thread = threading.Thread(target=self._exporter_shutdown, args=(timeout_s,), daemon=True,
                                   name="otel_verl-exporter-shutdown")
         thread.start()
-        thread.join(timeout_s)
+        thread.join(timeout_s + 1.0)
         if thread.is_alive():
             _log.warning("otel_verl: exporter shutdown still running after %.1fs; not waiting",
                          timeout_s)
 
-    def _exporter_shutdown(self) -> None:
+    def _exporter_shutdown(self, timeout_s: float) -> None:
         try:
-            self.exporter.shutdown()
-        except Exception as exc:
+            with suppressed_instrumentation():
+                stopper = self.exporter.shutdown
+                if "timeout_millis" in inspect.signature(stopper).parameters:
+                    stopper(timeout_millis=timeout_s * 1000)  # type: ignore[call-arg]
+                else:
+                    stopper()
+        except Exception as exc:  # noqa: BLE001
             _errors.internal_error(exc, "exporter.shutdown raised")
 
     def stats(self) -> dict[str, int]:
-        """Counts since start: queued, exported, export_failed, dropped_queue_full, pending, ..."""
+        """Counts since start (see :mod:`otel_verl.exporters` for every key)."""
         counts = dict(self._counts)
         counts["pending"] = len(self._queue) + self._in_flight
+        counts["queue_bytes"] = max(0, self._bytes)
         return counts
 
     def _after_fork_in_child(self) -> None:
@@ -214,6 +317,17 @@ class BoundedBatchProcessor(SpanProcessor):
         # the parent (which exports them), so the child starts empty
         self._counts = collections.Counter()
         self._start_worker()
+
+
+def _seconds(timeout_millis: float) -> float:
+    """A timeout in seconds that threading accepts (inf included; nan and negatives are 0)."""
+    try:
+        seconds = float(timeout_millis) / 1000.0
+    except (TypeError, ValueError):
+        return 30.0
+    if math.isnan(seconds) or seconds < 0:
+        return 0.0
+    return min(seconds, threading.TIMEOUT_MAX)
 
 
 _AFTER_FORK: weakref.WeakSet[BoundedBatchProcessor] = weakref.WeakSet()
@@ -227,3 +341,32 @@ def _reinit_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reinit_after_fork)
+
+
+_SIGTERM_INSTALLED = False
+
+
+def _install_sigterm_handler() -> None:
+    """On SIGTERM (Python's default: die without atexit), hand queued spans to the exporters
+    (the durable log: a disk write) before dying as SIGTERM would. Installed only when SIGTERM
+    has its default action and only from the main thread; an application's handler is kept."""
+    global _SIGTERM_INSTALLED
+    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or no signals here
+        return
+    _SIGTERM_INSTALLED = True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    deadline = time.monotonic() + 2.0
+    for processor in list(_AFTER_FORK):
+        if not processor._stopped:
+            with contextlib.suppress(Exception):
+                processor.force_flush_to_exporter(max(0.0, deadline - time.monotonic()))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

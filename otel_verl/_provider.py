@@ -8,13 +8,16 @@ context.
 from __future__ import annotations
 
 import os
+import random
+import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from otel_verl import semconv
 from otel_verl._config import ConfigError, TraceConfig
@@ -22,6 +25,36 @@ from otel_verl._processor import BoundedBatchProcessor, TrajectoryAttributesProc
 from otel_verl._scrub import ScrubbingSpanExporter, build_scrubber
 
 SCOPE_NAME = "otel_verl"
+
+
+class _IdGenerator(IdGenerator):
+    """Random ids from a private generator seeded by the OS (and reseeded after fork).
+
+    The SDK's default draws from the ``random`` module, so workers that all call
+    ``random.seed(42)`` (as RL code does for reproducibility) produce the same span ids.
+    """
+
+    _rng = random.Random(os.urandom(32))
+
+    def generate_span_id(self) -> int:
+        span_id = self._rng.getrandbits(64)
+        while span_id == 0:
+            span_id = self._rng.getrandbits(64)
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        trace_id = self._rng.getrandbits(128)
+        while trace_id == 0:
+            trace_id = self._rng.getrandbits(128)
+        return trace_id
+
+
+def _reseed_ids() -> None:
+    _IdGenerator._rng.seed(os.urandom(32))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reseed_ids)
 
 
 def build_resource(config: TraceConfig) -> Resource:
@@ -37,7 +70,7 @@ def build_resource(config: TraceConfig) -> Resource:
 
 
 def build_exporter(config: TraceConfig) -> SpanExporter:
-    """The backend's exporter, wrapped in the spooling exporter where delivery can fail.
+    """The backend's exporter; otlp and weave deliver through the durable log (``durable``).
 
     Raises:
         ConfigError: the backend needs a package that is not installed.
@@ -52,20 +85,59 @@ def build_exporter(config: TraceConfig) -> SpanExporter:
 
         return ConsoleSpanExporter()
     if backend == "otlp":
-        return _spooling(config, _otlp_exporter(config))
+        return durable(config, _otlp_exporter(config))
     if backend == "weave":
-        try:
-            from otel_weave_exporter import WeaveSpanExporter
-        except ImportError:
-            raise ConfigError("backend=weave needs the Weave exporter: "
-                              "pip install 'otel-verl[weave]' (package otel-weave-exporter)") from None
-        # the Weave exporter spools the calls it could not deliver itself (already translated,
-        # replayable with `python -m otel_weave_exporter replay`), so no second spool here
-        return WeaveSpanExporter(project=config.project_name, entity=config.weave_entity,
-                                 base_url=config.weave_base_url,
-                                 spool_dir=config.spool_dir or os.path.join(config.trace_dir,
-                                                                            "spool", "weave"))
+        return durable(config, _weave_exporter(config))
     raise ConfigError(f"backend: no exporter for {backend!r}")
+
+
+def _weave_exporter(config: TraceConfig) -> SpanExporter:
+    try:
+        from otel_weave_exporter import WeaveSpanExporter
+    except ImportError:
+        raise ConfigError("backend=weave needs the Weave exporter: "
+                          "pip install 'otel-verl[weave]' (package otel-weave-exporter)") from None
+    # with the durable log, the log keeps what Weave does not accept (and retries it): the
+    # exporter's own spool would hold calls nothing retries automatically
+    spool_dir = None if _durable(config) else (config.spool_dir or os.path.join(
+        config.trace_dir, "spool", "weave"))
+    return WeaveSpanExporter(project=config.project_name, entity=config.weave_entity,
+                             base_url=config.weave_base_url, spool_dir=spool_dir)
+
+
+def _durable(config: TraceConfig) -> bool:
+    return config.durable and config.processor == "batch"
+
+
+def spool_dir_for(config: TraceConfig, exporter: SpanExporter | None = None) -> str:
+    """The durable log's directory: ``spool_dir``, else ``<trace_dir>/spool/<backend key>``.
+
+    One directory per backend (and endpoint/project), so the next process with the same trace
+    dir and backend finds and delivers what an earlier one left.
+    """
+    if config.spool_dir:
+        return os.path.abspath(config.spool_dir)
+    if config.backend == "otlp":
+        key = f"otlp-{config.otlp_protocol}-{config.otlp_endpoint or 'default'}"
+    elif config.backend == "weave":
+        key = f"weave-{config.weave_entity or ''}-{config.project_name}"
+    else:
+        key = f"exporter-{type(exporter).__name__}" if exporter is not None else "exporter"
+    key = re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_")[:120]
+    return os.path.abspath(os.path.join(config.trace_dir, "spool", key))
+
+
+def durable(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
+    """``exporter`` behind the durable log when ``config`` asks for it (batch processor only)."""
+    if not _durable(config):
+        return exporter
+    from otel_verl._spool import DurableSpanExporter
+
+    return DurableSpanExporter(
+        exporter, spool_dir_for(config, exporter), max_spool_bytes=config.max_spool_bytes,
+        max_request_bytes=config.max_request_bytes,
+        max_batch_spans=config.max_export_batch_size, export_delay_s=config.export_delay_s,
+        shutdown_timeout_s=config.export_timeout_s)
 
 
 def _otlp_exporter(config: TraceConfig) -> SpanExporter:
@@ -93,41 +165,42 @@ def _otlp_exporter(config: TraceConfig) -> SpanExporter:
     return Http(timeout=config.export_timeout_s, **kwargs)
 
 
-def _spooling(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
-    from otel_verl._spool import SpoolingSpanExporter
-
-    spool_dir = config.spool_dir or os.path.join(config.trace_dir, "spool")
-    return SpoolingSpanExporter(exporter, spool_dir)
-
-
 def build_provider(
     config: TraceConfig,
     current_trajectory: Callable[[], tuple[Mapping[str, Any], int | None] | None],
     exporter: SpanExporter | None = None,
+    transform: Callable[[ReadableSpan], ReadableSpan] | None = None,
 ) -> tuple[TracerProvider, SpanExporter, SpanProcessor]:
     """A TracerProvider with the trajectory-attributes processor and one export processor.
 
     Args:
         config: the resolved configuration (``config.enabled`` must be true).
         current_trajectory: returns the current trajectory's (attributes, span id), or None.
-        exporter: replaces the backend's exporter (tests, custom sinks).
+        exporter: replaces the backend's exporter (custom sinks; behind the durable log with
+            the batch processor unless ``durable=False``).
+        transform: applied to every span on the export thread before anything is written or
+            sent (redaction); batch processor only.
 
     Returns:
         The provider, its exporter and its export processor.
     """
-    exporter = exporter if exporter is not None else build_exporter(config)
-    # redaction: one pass per finished span, before the exporter sees it (on the export thread
-    # with the batch processor); the exporter itself is returned unwrapped (stats, get_client)
-    scrubber = build_scrubber(config)
-    sink = exporter if scrubber is None else ScrubbingSpanExporter(exporter, scrubber)
-    provider = TracerProvider(resource=build_resource(config))
+    exporter = durable(config, exporter) if exporter is not None else build_exporter(config)
+    # redaction: one pass per finished span, on the export thread with the batch processor,
+    # before anything is written to the durable log or sent; the exporter itself is returned
+    # unwrapped (stats, get_client)
+    scrubber = transform if transform is not None else build_scrubber(config)
+    provider = TracerProvider(resource=build_resource(config), id_generator=_IdGenerator())
     provider.add_span_processor(TrajectoryAttributesProcessor(
         current_trajectory, semconv.ROLLOUT_EXPERIMENT_NAME, semconv.OTEL_VERL_TRAJECTORY_CHILD))
     if config.processor == "simple":
+        sink = exporter if scrubber is None else ScrubbingSpanExporter(exporter, scrubber)
         processor: SpanProcessor = SimpleSpanProcessor(sink)
     else:
-        processor = BoundedBatchProcessor(sink, max_queue_size=config.max_queue_size,
+        processor = BoundedBatchProcessor(exporter, max_queue_size=config.max_queue_size,
+                                          max_queue_bytes=config.max_queue_bytes,
                                           max_export_batch_size=config.max_export_batch_size,
-                                          schedule_delay_s=config.schedule_delay_s)
+                                          max_batch_bytes=config.max_request_bytes,
+                                          schedule_delay_s=config.schedule_delay_s,
+                                          transform=scrubber)
     provider.add_span_processor(processor)
     return provider, exporter, processor

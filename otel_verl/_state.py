@@ -23,7 +23,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span
 
-from otel_verl import _errors
+from otel_verl import _errors, exporters
 from otel_verl._config import TraceConfig
 from otel_verl._payload import Payload, to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
@@ -32,7 +32,7 @@ from otel_verl._sampling import TrajectorySampler
 _log = logging.getLogger("otel_verl")
 
 #: the counters that mean "a span was not delivered" (see ``report_losses``)
-LOSS_KEYS = ("dropped_queue_full", "export_failed", "abandoned_at_shutdown", "spool_failed")
+LOSS_KEYS = exporters.LOSS_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +82,12 @@ class Runtime:
 
     def shutdown(self, timeout_s: float) -> bool:
         """Flush, then stop the processor chain; both bounded by ``timeout_s`` in all."""
-        done = self.provider.force_flush(int(timeout_s * 1000 / 2))
+        half_ms = _half_millis(timeout_s)
+        done = self.provider.force_flush(half_ms)
         stopper: Callable[..., Any] = self.processor.shutdown
         try:
             if "timeout_millis" in inspect.signature(stopper).parameters:
-                stopper(timeout_millis=int(timeout_s * 1000 / 2))
+                stopper(timeout_millis=half_ms)
             else:
                 stopper()
         except Exception as exc:
@@ -99,9 +100,22 @@ class Runtime:
         counts = self.stats()
         lost = {k: v for k, v in counts.items() if k in LOSS_KEYS and v}
         if lost:
-            _log.warning("otel_verl: not every span was delivered: %s%s", lost,
-                         f" ({counts['spooled']} kept in the spool for replay)"
-                         if counts.get("spooled") else "")
+            _log.warning("otel_verl: not every span was delivered: %s", lost)
+        if counts.get("spool_pending"):
+            _log.warning("otel_verl: %d span(s) wait in the durable log for delivery (the next "
+                         "process with this trace dir and backend delivers them, or `otel-verl "
+                         "traces replay`)", counts["spool_pending"])
+
+
+def _half_millis(timeout_s: float) -> float:
+    """Half of ``timeout_s`` in ms for the SDK's timeouts; inf stays inf, nan/negative are 0."""
+    try:
+        ms = float(timeout_s) * 500.0
+    except (TypeError, ValueError):
+        return 2500.0
+    if ms != ms or ms < 0:  # noqa: PLR0124 - nan
+        return 0.0
+    return ms
 
 
 class ProcessState:
@@ -111,6 +125,8 @@ class ProcessState:
     def __init__(self) -> None:
         self.config: TraceConfig = dataclasses.replace(TraceConfig(), backend=None)
         self.runtime: Runtime | None = None
+        #: the last Runtime shut down (its counters stay readable, spans ended late included)
+        self.last_runtime: Runtime | None = None
         self.lock = threading.RLock()
         self._hooks_registered = False
 
@@ -129,11 +145,13 @@ class ProcessState:
             runtime, self.runtime = self.runtime, None
         if runtime is None:
             return True
+        self.last_runtime = runtime
         return runtime.shutdown(timeout_s)
 
     def forget(self) -> None:
         """Back to the un-initialised configuration (tests)."""
         self.config = dataclasses.replace(TraceConfig(), backend=None)
+        self.last_runtime = None
 
     def _register_process_hooks(self) -> None:
         """Flush before fork and shut down at exit: registered once per process, whatever the

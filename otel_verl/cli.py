@@ -6,8 +6,9 @@ Usage::
                           [--experiment NAME] [--validate | --no-validate] [--json]
     otel-verl traces show TRACE_ID_PREFIX [--dir D] [--json] [--full]
     otel-verl traces compare TRACE_A TRACE_B [--dir D] [--json] [--full] [--differences-only]
-    otel-verl traces replay SPOOL_DIR [--to otlp|console] [--endpoint URL]
-                            [--protocol grpc|http/protobuf] [--remove]
+    otel-verl traces replay SPOOL_DIR [--to otlp|weave|console] [--endpoint URL]
+                            [--protocol grpc|http/protobuf] [--project P]
+                            [--max-request-bytes N] [--remove]
     otel-verl demo [ARGS...]        # otel_verl.demo.run (needs the "rollout" extras)
 
 Configuration: ``--dir`` defaults to ``$OTEL_VERL_TRACE_DIR``, else ``./otel_verl_traces`` — the
@@ -481,19 +482,25 @@ def _replay_exporter(args: argparse.Namespace) -> Any:
 
         return ConsoleSpanExporter(out=sys.stdout)
     from otel_verl._config import resolve_config
-    from otel_verl._provider import _otlp_exporter
+    from otel_verl._provider import _otlp_exporter, _weave_exporter
 
-    explicit: dict[str, Any] = {"backend": "otlp"}
+    # the bare backend exporter (durable=False): a replay must not write a log of its own
+    explicit: dict[str, Any] = {"backend": args.to, "durable": False}
+    if args.to == "weave":
+        if args.project is not None:
+            explicit["project_name"] = args.project
+        if args.endpoint is not None:
+            explicit["weave_base_url"] = args.endpoint
+        return _weave_exporter(resolve_config(explicit))
     if args.endpoint is not None:
         explicit["otlp_endpoint"] = args.endpoint
     if args.protocol is not None:
         explicit["otlp_protocol"] = args.protocol
-    # the bare OTLP exporter: replaying must not spool its own failures again
     return _otlp_exporter(resolve_config(explicit))
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from otel_verl._config import ConfigError
+    from otel_verl._config import ConfigError, resolve_config
     from otel_verl._spool import replay
 
     if not os.path.exists(args.spool_dir):
@@ -501,14 +508,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return 1
     try:
         exporter = _replay_exporter(args)
-    except ConfigError as error:
+        max_request_bytes = args.max_request_bytes or resolve_config({}).max_request_bytes
+    except (ConfigError, ValueError) as error:
         print(f"otel-verl: {error}", file=sys.stderr)
         return 2
     try:
-        sent, failed = replay(args.spool_dir, exporter, remove=args.remove)
+        sent, failed = replay(args.spool_dir, exporter, remove=args.remove,
+                              max_request_bytes=max_request_bytes)
     finally:
         exporter.shutdown()
-    print(f"otel-verl: replayed {sent} span(s) to {args.to}; {failed} failed", file=sys.stderr)
+    print(f"otel-verl: replayed {sent} span(s) to {args.to}; {failed} failed"
+          + (" (they stay where they were; run replay again once the backend answers)"
+             if failed else ""), file=sys.stderr)
     return 0 if failed == 0 else 1
 
 
@@ -589,16 +600,24 @@ def _parser() -> argparse.ArgumentParser:
     compare_p.set_defaults(handler=_cmd_compare)
 
     replay_p = traces_commands.add_parser(
-        "replay", help="send spooled spans (kept when a backend was down) to a backend"
+        "replay", help="send what a durable log (or any store file) holds to a backend, from its "
+        "delivery cursor, in requests under the byte cap"
     )
     replay_p.add_argument("spool_dir", metavar="SPOOL_DIR")
-    replay_p.add_argument("--to", choices=("otlp", "console"), default="otlp")
+    replay_p.add_argument("--to", choices=("otlp", "weave", "console"), default="otlp")
     replay_p.add_argument(
-        "--endpoint", help="OTLP endpoint (default: the OTEL_EXPORTER_OTLP_* variables)"
+        "--endpoint",
+        help="OTLP endpoint (default: the OTEL_EXPORTER_OTLP_* variables), or the Weave server",
+    )
+    replay_p.add_argument("--project", help="Weave project (entity/project) for --to weave")
+    replay_p.add_argument(
+        "--max-request-bytes", type=int, default=None,
+        help="bytes per request at most (default: the max_request_bytes setting, 3 MiB)",
     )
     replay_p.add_argument("--protocol", choices=("grpc", "http/protobuf"))
     replay_p.add_argument(
-        "--remove", action="store_true", help="delete each file once all its spans were accepted"
+        "--remove", action="store_true",
+        help="delete each log (or file) once all its spans were accepted",
     )
     replay_p.set_defaults(handler=_cmd_replay)
 

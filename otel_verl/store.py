@@ -29,9 +29,6 @@ warning.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_verl import semconv
+from otel_verl._otlp_json import decode_line, iter_spans, spans_from_otlp_json
 
 __all__ = [
     "ReadStats",
@@ -57,8 +55,6 @@ _logger = logging.getLogger(__name__)
 #: file name endings the reader picks up in a directory (ours: .jsonl; the collector's: any)
 FILE_SUFFIXES = (".jsonl", ".json")
 
-_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
-_STATUS_CODES = ("UNSET", "OK", "ERROR")
 
 
 @dataclass
@@ -178,11 +174,8 @@ def _read_file(
             if not raw.strip():
                 continue
             try:
-                request = json.loads(raw)
-                resource_spans = _get(request, "resourceSpans", "resource_spans")
-                if not isinstance(resource_spans, list):
-                    raise ValueError("no resourceSpans list")
-            except (ValueError, UnicodeDecodeError) as error:
+                resource_spans = decode_line(raw)
+            except ValueError as error:
                 if not raw.endswith(b"\n"):
                     stats.truncated_lines += 1
                     stats._problem(f"{path}:{lineno}: truncated last line")
@@ -190,170 +183,14 @@ def _read_file(
                     stats.bad_lines += 1
                     stats._problem(f"{path}:{lineno}: {str(error)[:200]}")
                 continue
-            for span in _spans_of_request(resource_spans, stats, path, lineno):
+
+            def bad(what: str, where: str = f"{path}:{lineno}") -> None:
+                stats.bad_spans += 1
+                stats._problem(f"{where}: {what}")
+
+            for span in iter_spans(resource_spans, bad):
                 stats.spans += 1
                 yield span
-
-
-def _get(obj: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
-    """Field by its proto3 JSON name, or its original proto name (both are valid proto3 JSON)."""
-    value = obj.get(camel)
-    if value is None:
-        value = obj.get(snake, default)
-    return value
-
-
-def _spans_of_request(
-    resource_spans: list[Any], stats: ReadStats, path: str, lineno: int
-) -> Iterator[dict[str, Any]]:
-    for rs in resource_spans:
-        try:
-            resource = _attributes((rs.get("resource") or {}).get("attributes"))
-            scope_spans = _get(rs, "scopeSpans", "scope_spans", None)
-            if scope_spans is None:  # OTLP before 0.15 called them instrumentationLibrarySpans
-                scope_spans = rs.get("instrumentationLibrarySpans") or []
-        except (AttributeError, TypeError, ValueError) as error:
-            stats.bad_spans += 1
-            stats._problem(f"{path}:{lineno}: bad resourceSpans entry: {error!r}")
-            continue
-        for ss in scope_spans:
-            try:
-                raw_scope = ss.get("scope") or ss.get("instrumentationLibrary") or {}
-                scope = {"name": raw_scope.get("name", ""), "version": raw_scope.get("version", "")}
-                spans = ss.get("spans") or []
-            except (AttributeError, TypeError) as error:
-                stats.bad_spans += 1
-                stats._problem(f"{path}:{lineno}: bad scopeSpans entry: {error!r}")
-                continue
-            for raw in spans:
-                try:
-                    yield _span(raw, dict(resource), scope)
-                except (AttributeError, TypeError, ValueError, KeyError, binascii.Error) as error:
-                    stats.bad_spans += 1
-                    stats._problem(f"{path}:{lineno}: bad span: {error!r}")
-
-
-def _id(value: Any, nbytes: int) -> str | None:
-    """A trace/span id as lowercase hex: OTLP/JSON writes hex, plain proto3 JSON writes base64."""
-    if not value:
-        return None
-    if len(value) == 2 * nbytes:
-        raw = bytes.fromhex(value)  # ValueError when not hex
-    else:
-        raw = base64.b64decode(value, validate=True)
-        if len(raw) != nbytes:
-            raise ValueError(f"id {value!r} is not {nbytes} bytes")
-    return raw.hex() if any(raw) else None  # all zeros is OTLP's "no id"
-
-
-def _enum(value: Any, names: tuple[str, ...], prefix: str) -> str:
-    if value is None:
-        return names[0]
-    if isinstance(value, int):
-        return names[value] if 0 <= value < len(names) else str(value)
-    return str(value).removeprefix(prefix)
-
-
-def _value(any_value: Any) -> Any:
-    """Decode an OTLP ``AnyValue``."""
-    if not any_value:
-        return None
-    for key, raw in any_value.items():
-        if key in ("stringValue", "string_value"):
-            return raw
-        if key in ("intValue", "int_value"):
-            return int(raw)
-        if key in ("doubleValue", "double_value"):
-            return float(raw)  # "NaN" / "Infinity" / "-Infinity" strings included
-        if key in ("boolValue", "bool_value"):
-            return bool(raw)
-        if key in ("arrayValue", "array_value"):
-            return [_value(v) for v in (raw or {}).get("values", [])]
-        if key in ("kvlistValue", "kvlist_value"):
-            return _attributes((raw or {}).get("values"))
-        if key in ("bytesValue", "bytes_value"):
-            return base64.b64decode(raw)
-    return None
-
-
-def _attributes(key_values: Any) -> dict[str, Any]:
-    if not key_values:
-        return {}
-    return {kv["key"]: _value(kv.get("value")) for kv in key_values}
-
-
-def _nanos(value: Any) -> int | None:
-    return int(value) if value is not None else None
-
-
-def _span(raw: dict[str, Any], resource: dict[str, Any], scope: dict[str, str]) -> dict[str, Any]:
-    trace_id = _id(_get(raw, "traceId", "trace_id"), 16)
-    span_id = _id(_get(raw, "spanId", "span_id"), 8)
-    if trace_id is None or span_id is None:
-        raise ValueError("span without traceId or spanId")
-    status = raw.get("status") or {}
-    return {
-        "name": raw.get("name", ""),
-        "trace_id": trace_id,
-        "span_id": span_id,
-        "parent_span_id": _id(_get(raw, "parentSpanId", "parent_span_id"), 8),
-        "start_ns": _nanos(_get(raw, "startTimeUnixNano", "start_time_unix_nano")),
-        "end_ns": _nanos(_get(raw, "endTimeUnixNano", "end_time_unix_nano")),
-        "kind": _enum(raw.get("kind"), _KINDS, "SPAN_KIND_"),
-        "attributes": _attributes(raw.get("attributes")),
-        "status": {
-            "code": _enum(status.get("code"), _STATUS_CODES, "STATUS_CODE_"),
-            "message": status.get("message", ""),
-        },
-        "events": [
-            {
-                "name": ev.get("name", ""),
-                "time_ns": _nanos(_get(ev, "timeUnixNano", "time_unix_nano")),
-                "attributes": _attributes(ev.get("attributes")),
-            }
-            for ev in raw.get("events") or ()
-        ],
-        "links": [
-            {
-                "trace_id": _id(_get(lk, "traceId", "trace_id"), 16),
-                "span_id": _id(_get(lk, "spanId", "span_id"), 8),
-                "attributes": _attributes(lk.get("attributes")),
-            }
-            for lk in raw.get("links") or ()
-        ],
-        "resource": resource,
-        "scope": scope,
-        "parent_is_remote": _parent_is_remote(raw.get("flags")),
-    }
-
-
-#: OTLP span flags: bit 8 says whether bit 9 (parent is remote) is known
-_FLAGS_HAS_IS_REMOTE = 0x100
-_FLAGS_IS_REMOTE = 0x200
-
-
-def _parent_is_remote(flags: Any) -> bool | None:
-    """From the span's OTLP flags (None when the sender does not say, e.g. older SDKs)."""
-    try:
-        flags = int(flags or 0)
-    except (TypeError, ValueError):
-        return None
-    if not flags & _FLAGS_HAS_IS_REMOTE:
-        return None
-    return bool(flags & _FLAGS_IS_REMOTE)
-
-
-def spans_from_otlp_json(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """The spans of one ``ExportTraceServiceRequest`` in OTLP/JSON form, as span dicts.
-
-    The same decoding as ``read_spans`` (bad spans are skipped and logged once).
-    """
-    stats = ReadStats()
-    resource_spans = _get(request, "resourceSpans", "resource_spans", None) or []
-    spans = list(_spans_of_request(resource_spans, stats, "<request>", 0))
-    if stats.bad_spans:
-        _logger.warning("otel_verl.store: skipped %d bad span(s) in a request", stats.bad_spans)
-    return spans
 
 
 # --- filtering ----------------------------------------------------------------------------------

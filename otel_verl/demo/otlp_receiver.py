@@ -20,7 +20,6 @@ Standard library HTTP server in a daemon thread; only ``opentelemetry-proto`` is
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
@@ -32,58 +31,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from otel_verl.store import spans_from_otlp_json
+from otel_verl._otlp_json import otlp_json_to_request, request_to_otlp_json, spans_of_request
 
 __all__ = ["OTLPReceiver", "joined_spans_only", "request_to_otlp_json"]
 
-_ID_KEYS = ("traceId", "spanId", "parentSpanId")
-
-
-def _hex_ids(obj: Any) -> None:
-    """OTLP/JSON writes ids as hex; protobuf's JSON mapping writes bytes as base64: fix in place."""
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            if key in _ID_KEYS and isinstance(value, str):
-                obj[key] = base64.b64decode(value).hex()
-            else:
-                _hex_ids(value)
-    elif isinstance(obj, list):
-        for item in obj:
-            _hex_ids(item)
-
-
-def _b64_ids(obj: Any) -> None:
-    """The reverse of ``_hex_ids``: OTLP/JSON hex ids -> base64, for ``json_format``."""
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            if key in _ID_KEYS and isinstance(value, str):
-                try:
-                    obj[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-                except ValueError:
-                    pass  # not hex: leave it for the parser to judge
-            else:
-                _b64_ids(value)
-    elif isinstance(obj, list):
-        for item in obj:
-            _b64_ids(item)
-
-
-def request_to_otlp_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
-    """An ``ExportTraceServiceRequest`` in OTLP/JSON form (the collector file-exporter format)."""
-    data = json_format.MessageToDict(request, use_integers_for_enums=True)
-    _hex_ids(data)
-    return data
-
-
 def _plain_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
-    """The request's spans as the local store's span dicts (one decoder for both)."""
-    return spans_from_otlp_json(request_to_otlp_json(request))
+    """The request's spans as the local store's span dicts (the one codec)."""
+    return spans_of_request(request)
 
 
 def joined_spans_only(span: dict[str, Any]) -> bool:
@@ -172,9 +131,7 @@ class OTLPReceiver:
                     ctype = (self.headers.get("Content-Type") or "").lower()
                     request = ExportTraceServiceRequest()
                     if "json" in ctype:
-                        doc = json.loads(body)
-                        _b64_ids(doc)
-                        json_format.ParseDict(doc, request, ignore_unknown_fields=True)
+                        otlp_json_to_request(json.loads(body), request)
                     else:
                         request.ParseFromString(body)
                     receiver._accept(request)

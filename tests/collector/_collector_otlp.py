@@ -23,7 +23,8 @@ from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.common.v1 import common_pb2
+
+from otel_verl import _otlp_json
 
 
 def free_port() -> int:
@@ -42,17 +43,6 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
 
 
 # --- decoding -------------------------------------------------------------------------------------
-
-
-def any_value(v: common_pb2.AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [any_value(x) for x in v.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
-    return getattr(v, kind)
 
 
 @dataclass
@@ -74,26 +64,23 @@ class Span:
 
 
 def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Span]:
+    """The request's spans, decoded by otel_verl's one OTLP/JSON codec."""
     out = []
-    for rs in request.resource_spans:
-        resource = {kv.key: any_value(kv.value) for kv in rs.resource.attributes}
-        for ss in rs.scope_spans:
-            for s in ss.spans:
-                out.append(Span(
-                    name=s.name,
-                    trace_id=s.trace_id.hex(),
-                    span_id=s.span_id.hex(),
-                    parent_span_id=s.parent_span_id.hex(),
-                    kind=int(s.kind),
-                    start_ns=int(s.start_time_unix_nano),
-                    end_ns=int(s.end_time_unix_nano),
-                    attributes={kv.key: any_value(kv.value) for kv in s.attributes},
-                    status_code=int(s.status.code),
-                    events=[(e.name, {kv.key: any_value(kv.value) for kv in e.attributes})
-                            for e in s.events],
-                    resource=resource,
-                    scope=ss.scope.name,
-                ))
+    for s in _otlp_json.spans_of_request(request):
+        out.append(Span(
+            name=s["name"],
+            trace_id=s["trace_id"],
+            span_id=s["span_id"],
+            parent_span_id=s["parent_span_id"] or "",
+            kind=_otlp_json._KINDS.index(s["kind"]),
+            start_ns=s["start_ns"] or 0,
+            end_ns=s["end_ns"] or 0,
+            attributes=s["attributes"],
+            status_code=_otlp_json._STATUS_CODES.index(s["status"]["code"]),
+            events=[(e["name"], e["attributes"]) for e in s["events"]],
+            resource=s["resource"],
+            scope=s["scope"]["name"],
+        ))
     return out
 
 

@@ -368,3 +368,56 @@ def test_lifecycle_shutdown_idempotent_flush_returns_bool(tmp_path, caplog):
         assert exporter.export(spans) is SpanExportResult.FAILURE
     assert sum("after shutdown" in r.getMessage() for r in caplog.records) == 1
     assert len(_lines(exporter.path)) == 1
+
+
+def test_ints_beyond_4300_digits_drop_the_attribute_not_the_batch(tmp_path, caplog):
+    exporter = FileSpanExporter(tmp_path)
+    provider = _provider(exporter)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("huge", attributes={"big": 10**5000, "ok": 1, "neg": -(10**5000)}).end()
+    provider.shutdown()
+    (line,) = _lines(exporter.path)
+    (span,) = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert [a["key"] for a in span["attributes"]] == ["ok"]
+    assert exporter.failed_spans == 0 and "int64" in caplog.text
+
+
+def test_a_partial_write_on_a_full_disk_does_not_corrupt_the_next_line(tmp_path, monkeypatch):
+    import errno
+
+    from otel_verl import _file_exporter
+    from otel_verl.store import ReadStats, read_spans
+
+    real = _file_exporter._write
+    mode = {"fail": False, "truncate_fails": False}
+
+    def flaky(fd, data):
+        if mode["fail"]:
+            real(fd, data[: max(1, len(data) // 3)])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    real_ftruncate = os.ftruncate
+
+    def ftruncate(fd, size):
+        if mode["truncate_fails"]:
+            raise OSError(errno.EIO, "cannot truncate")
+        return real_ftruncate(fd, size)
+
+    monkeypatch.setattr(_file_exporter, "_write", flaky)
+    monkeypatch.setattr(_file_exporter.os, "ftruncate", ftruncate)
+    exporter = FileSpanExporter(tmp_path)
+    provider = _provider(exporter)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("before").end()
+    mode["fail"] = True
+    tracer.start_span("lost-cut-back").end()       # the partial line is cut back
+    mode["truncate_fails"] = True
+    tracer.start_span("lost-torn").end()            # cannot cut back: the line stays torn
+    mode["fail"] = mode["truncate_fails"] = False
+    tracer.start_span("after").end()                # must start on a line of its own
+    provider.shutdown()
+    stats = ReadStats()
+    names = [s["name"] for s in read_spans(tmp_path, stats=stats, warn=False)]
+    assert names == ["before", "after"], open(exporter.path, "rb").read()
+    assert stats.bad_lines == 1 and exporter.failed_spans == 2

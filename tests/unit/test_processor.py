@@ -1,7 +1,14 @@
-"""The bounded batch processor and the spooling exporter: counts, time bounds, nothing lost silently."""
+"""The bounded batch processor and the durable exporter: counts, time bounds, byte bounds, the
+transform hook, nothing lost silently."""
 
+import math
+import multiprocessing
+import random
 import threading
 import time
+
+import pytest
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -9,7 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_verl import RolloutTraceConfig, rollout_trace_op
 from otel_verl._processor import BoundedBatchProcessor
-from otel_verl._spool import SpoolingSpanExporter, replay
+from otel_verl._config import ConfigError, resolve_config
+from otel_verl._spool import DurableSpanExporter, replay
 from otel_verl.store import read_spans
 
 
@@ -76,7 +84,7 @@ def test_failures_counted():
 
 
 def test_spooling_keeps_failed_batches_and_replays(tmp_path):
-    spool = SpoolingSpanExporter(Failing(), tmp_path / "spool")
+    spool = DurableSpanExporter(Failing(), tmp_path / "spool", shutdown_timeout_s=0.3)
     provider = TracerProvider()
     processor = BoundedBatchProcessor(spool, schedule_delay_s=0.01)
     provider.add_span_processor(processor)
@@ -109,3 +117,148 @@ def test_shutdown_bounded_even_if_exporter_hangs(tmp_path):
     assert RolloutTraceConfig.shutdown(timeout_s=1.0) is False
     assert time.perf_counter() - start < 3.0
     hanging.release.set()
+
+
+def test_queue_is_bounded_in_bytes():
+    hanging = Hanging()
+    tracer, processor = make(hanging, max_queue_bytes=200_000, max_export_batch_size=1)
+    for i in range(50):
+        tracer.start_span(f"s{i}", attributes={"blob": "x" * 20_000}).end()
+    stats = processor.stats()
+    assert stats["dropped_queue_full"] >= 35 and stats["queue_bytes"] <= 200_000
+    processor.shutdown(timeout_millis=100)
+    hanging.release.set()
+
+
+def test_spans_ending_after_shutdown_are_counted(caplog):
+    memory = InMemorySpanExporter()
+    tracer, processor = make(memory)
+    late = tracer.start_span("late")
+    processor.shutdown()
+    late.end()
+    assert processor.stats()["dropped_after_shutdown"] == 1
+    assert "after tracing was shut down" in caplog.text
+
+
+def test_spans_ending_after_shutdown_are_counted_through_the_api():
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init("p", "e", "console", exporter=InMemorySpanExporter(), durable=False)
+    from otel_verl import get_tracer
+
+    late = get_tracer().start_span("late")
+    RolloutTraceConfig.shutdown()
+    late.end()
+    assert RolloutTraceConfig.stats()["dropped_after_shutdown"] == 1
+    RolloutTraceConfig.reset()
+
+
+@pytest.mark.parametrize("timeout", [math.inf, float("nan"), -5, 0])
+def test_shutdown_and_flush_accept_any_timeout(timeout):
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init("p", "e", "console", exporter=InMemorySpanExporter())
+    assert RolloutTraceConfig.flush(timeout) in (True, False)
+    start = time.perf_counter()
+    assert RolloutTraceConfig.shutdown(timeout) in (True, False)
+    assert time.perf_counter() - start < 10
+    RolloutTraceConfig.reset()
+
+
+def test_schedule_delay_has_a_lower_bound():
+    for bad in (0.0001, 0.0):
+        with pytest.raises(ConfigError, match="schedule_delay_s"):
+            resolve_config({"schedule_delay_s": bad}, None, {})
+    assert resolve_config({}, None, {"OTEL_BSP_SCHEDULE_DELAY": "1"}).schedule_delay_s == 1.0
+    processor = BoundedBatchProcessor(InMemorySpanExporter(), schedule_delay_s=1e-9)
+    assert processor._delay >= 0.01
+    processor.shutdown()
+
+
+class Recording(InMemorySpanExporter):
+    def __init__(self):
+        super().__init__()
+        self.suppressed = []
+
+    def export(self, spans):
+        self.suppressed.append(bool(get_value(_SUPPRESS_INSTRUMENTATION_KEY)))
+        return super().export(spans)
+
+
+def test_transform_runs_before_export_and_a_failing_one_drops_the_span():
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    def scrub(span):
+        if span.name == "boom":
+            raise RuntimeError("scrubber bug")
+        return ReadableSpan(name=span.name.replace("secret", "[REDACTED]"), context=span.context,
+                            parent=span.parent, resource=span.resource,
+                            attributes={k: "[REDACTED]" for k in span.attributes},
+                            start_time=span.start_time, end_time=span.end_time)
+
+    memory = Recording()
+    tracer, processor = make(memory, transform=scrub, schedule_delay_s=0.02)
+    tracer.start_span("secret-op", attributes={"key": "sk-live-123"}).end()
+    tracer.start_span("boom", attributes={"key": "sk-live-456"}).end()
+    assert processor.force_flush(2000)
+    (span,) = memory.get_finished_spans()
+    assert span.name == "[REDACTED]-op" and span.attributes["key"] == "[REDACTED]"
+    assert processor.stats()["dropped_transform_failed"] == 1
+    assert memory.suppressed and all(memory.suppressed)  # no self-tracing on the export thread
+    processor.shutdown()
+
+
+def test_transform_applies_before_the_durable_log_writes(tmp_path):
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    def scrub(span):
+        return ReadableSpan(name=span.name, context=span.context, parent=span.parent,
+                            resource=span.resource, attributes={"key": "[REDACTED]"},
+                            start_time=span.start_time, end_time=span.end_time)
+
+    durable = DurableSpanExporter(Failing(), tmp_path, shutdown_timeout_s=0.2)
+    tracer, processor = make(durable, transform=scrub, schedule_delay_s=0.02)
+    tracer.start_span("op", attributes={"key": "sk-live-123"}).end()
+    processor.force_flush(300)
+    processor.shutdown(timeout_millis=300)
+    on_disk = b"".join(p.read_bytes() for p in tmp_path.glob("wal-*.jsonl"))
+    assert b"[REDACTED]" in on_disk and b"sk-live" not in on_disk
+
+
+def test_a_batch_fills_before_it_is_sent():
+    memory = InMemorySpanExporter()
+    calls = []
+    real = memory.export
+    memory.export = lambda spans: calls.append(len(spans)) or real(spans)
+    tracer, processor = make(memory, max_export_batch_size=100, schedule_delay_s=0.5)
+    for i in range(250):
+        tracer.start_span(f"s{i}").end()
+    time.sleep(0.8)
+    assert calls[:2] == [100, 100]
+    processor.shutdown()
+
+
+def _child_span_ids(conn):
+    from otel_verl._provider import build_provider
+
+    random.seed(42)
+    provider, _, processor = build_provider(
+        resolve_config({"backend": "console", "processor": "simple"}), lambda: None,
+        InMemorySpanExporter())
+    span = provider.get_tracer("t").start_span("x")
+    conn.send((span.get_span_context().span_id, span.get_span_context().trace_id))
+    conn.close()
+
+
+def test_span_ids_stay_unique_when_every_worker_seeds_random():
+    from otel_verl._provider import build_provider
+
+    build_provider(resolve_config({"backend": "console", "processor": "simple"}), lambda: None,
+                   InMemorySpanExporter())  # the generator exists before the fork
+    ctx = multiprocessing.get_context("fork")
+    ids = []
+    for _ in range(4):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_span_ids, args=(child,))
+        proc.start()
+        ids.append(parent.recv())
+        proc.join(10)
+    assert len(set(ids)) == 4

@@ -389,3 +389,68 @@ def test_spans_from_otlp_json_reads_the_remote_parent_flag():
     assert one(0x300) is True
     assert one(0x100) is False
     assert one(None) is None
+
+
+@pytest.mark.parametrize("line", [
+    b"[1, 2, 3]\n",
+    b'"a string"\n',
+    b"42\n",
+    b"null\n",
+    b'{"resourceSpans": 5}\n',
+    b'{"resourceSpans": [5, "x", null, {"scopeSpans": 7}, {"scopeSpans": [3, {"spans": 9}]}]}\n',
+    b"[" * 200_000 + b"]" * 200_000 + b"\n",
+    b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n",
+])
+def test_any_line_is_survived_and_said(tmp_path, line, capsys):
+    """Valid JSON that is not an object, shapes that are not OTLP, nesting deeper than the
+    parser's recursion limit: skipped, counted and reported, by the library and by the CLI."""
+    good = Path(_store_with_two_lines(tmp_path / "s"))
+    with open(good, "ab") as handle:
+        handle.write(line)
+    stats = ReadStats()
+    names = [s["name"] for s in read_spans(tmp_path / "s", stats=stats, warn=False)]
+    assert sorted(names) == ["first", "second"]
+    assert stats.skipped >= 1 and stats.problems
+
+    from otel_verl.cli import main
+
+    assert main(["traces", "list", "--dir", str(tmp_path / "s"), "--no-progress"]) == 0
+    assert "skipped" in capsys.readouterr().err
+
+
+def test_deeply_nested_attribute_values_are_a_bad_span_not_a_crash(tmp_path):
+    depth = 5000
+    value = '{"arrayValue":{"values":[' * depth + '{"stringValue":"leaf"}' + "]}}" * depth
+    line = ('{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"' + "1" * 32
+            + '","spanId":"' + "2" * 16 + '","name":"deep","attributes":[{"key":"k","value":'
+            + value + "}]}]}]}]}")
+    (tmp_path / "deep.jsonl").write_text(line + "\n")
+    stats = ReadStats()
+    assert list(read_spans(tmp_path, stats=stats, warn=False)) == []
+    assert stats.skipped == 1  # a bad line (json's own limit) or a bad span (the decoder's)
+    from otel_verl._otlp_json import iter_spans
+
+    nested: dict = {"stringValue": "leaf"}
+    for _ in range(3000):  # past the decoder's recursion limit, built without the parser
+        nested = {"arrayValue": {"values": [nested]}}
+    bad: list[str] = []
+    span = {"traceId": "1" * 32, "spanId": "2" * 16, "attributes": [{"key": "k", "value": nested}]}
+    assert list(iter_spans([{"scopeSpans": [{"spans": [span]}]}], bad.append)) == []
+    assert len(bad) == 1 and "RecursionError" in bad[0]
+
+
+def test_replayed_child_spans_keep_their_local_parent_flag(tmp_path):
+    from otel_verl._otlp_json import readable_span
+
+    exporter = FileSpanExporter(tmp_path)
+    provider = _provider(exporter)
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("parent"):
+        tracer.start_span("child").end()
+    provider.shutdown()
+    child = next(s for s in read_spans(tmp_path) if s["name"] == "child")
+    assert child["parent_is_remote"] is False
+    rebuilt = readable_span(child)
+    assert rebuilt.parent is not None and rebuilt.parent.is_remote is False
+    remote = dict(child, parent_is_remote=True)
+    assert readable_span(remote).parent.is_remote is True

@@ -1,0 +1,81 @@
+"""Span exporters and the export processor, usable with any OpenTelemetry ``TracerProvider``.
+
+Usage::
+
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from otel_verl.exporters import BoundedBatchProcessor, DurableSpanExporter, FileSpanExporter
+
+    provider = TracerProvider()
+    # the local store (OTLP/JSON lines, read with `otel-verl traces`)
+    provider.add_span_processor(BoundedBatchProcessor(FileSpanExporter("./traces")))
+    # any backend, through a log on disk: nothing lost to an outage, a crash or a restart
+    provider.add_span_processor(BoundedBatchProcessor(
+        DurableSpanExporter(OTLPSpanExporter(), "./traces/spool/otlp")))
+
+    replay("./traces/spool/otlp", OTLPSpanExporter())  # what is left, by hand
+
+What is here:
+
+- :class:`FileSpanExporter`: the local store's writer (one OTLP/JSON line per batch, one file
+  per process; the OpenTelemetry Collector ``file`` exporter's format).
+- :class:`DurableSpanExporter`: wraps any exporter with a write-ahead log and a delivery cursor
+  (see :mod:`otel_verl._spool` for the guarantees); :func:`replay` sends a log (or any store
+  file) by hand, split into requests under a byte cap.
+- :class:`BoundedBatchProcessor`: a batch span processor bounded in spans and bytes, bounded in
+  time at flush and shutdown, with a span ``transform`` hook (redaction) on its export thread.
+
+Statistics (``stats()``; ``RolloutTraceConfig.stats()`` merges the processor's and the
+exporter's, and the Weave exporter uses the same names where they mean the same thing). Counters
+since start unless marked *gauge*:
+
+========================== ==================================================================
+key                        meaning
+========================== ==================================================================
+``queued``                 spans the processor accepted into its in-memory queue
+``exported``               spans the processor handed to its exporter with success (with the
+                           durable log: written to disk)
+``export_failed``          spans the exporter reported as failed (**lost**)
+``dropped_queue_full``     spans dropped because the queue was full in spans or bytes (**lost**)
+``dropped_after_shutdown`` spans that ended after shutdown (**lost**)
+``dropped_transform_failed`` spans the transform (redaction) raised on (**lost**, never sent)
+``abandoned_at_shutdown``  spans still queued when shutdown's time ran out (**lost**)
+``pending``                *gauge*: spans in the processor's queue or export call
+``queue_bytes``            *gauge*: estimated bytes in the processor's queue
+``spooled``                spans written to the durable log
+``spool_failed``           spans neither written to the log nor delivered directly (**lost**)
+``delivered``              spans the backend accepted
+``recovered``              of those, spans left by an earlier process
+``requests``               export requests the backend accepted
+``request_bytes``          their size (OTLP/JSON bytes of their spans)
+``retries``                failed delivery attempts (the spans stay in the log)
+``truncated``              spans cut to fit ``max_request_bytes`` (marked
+                           ``otel_verl.truncated``)
+``quarantined``            spans the backend kept refusing while it accepted others (moved to
+                           ``quarantine/`` in the log's directory, not retried)
+``dropped_spool_full``     spans dropped from the log to keep it under ``max_spool_bytes``
+                           (**lost**)
+``spool_pending``          *gauge*: spans in this process's log not yet delivered
+``spool_bytes``            *gauge*: bytes of this process's log on disk
+========================== ==================================================================
+"""
+
+from __future__ import annotations
+
+from otel_verl._file_exporter import FileSpanExporter
+from otel_verl._processor import BoundedBatchProcessor
+from otel_verl._spool import TRUNCATED_ATTRIBUTE, DurableSpanExporter, replay
+
+#: the statistics keys that count spans which were not delivered (see the table above)
+LOSS_KEYS = ("dropped_queue_full", "dropped_after_shutdown", "dropped_transform_failed",
+             "export_failed", "abandoned_at_shutdown", "spool_failed", "dropped_spool_full",
+             "quarantined")
+
+__all__ = [
+    "LOSS_KEYS",
+    "TRUNCATED_ATTRIBUTE",
+    "BoundedBatchProcessor",
+    "DurableSpanExporter",
+    "FileSpanExporter",
+    "replay",
+]
