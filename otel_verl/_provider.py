@@ -124,5 +124,9 @@ def build_provider(
         processor = BoundedBatchProcessor(exporter, max_queue_size=config.max_queue_size,
                                           max_export_batch_size=config.max_export_batch_size,
                                           schedule_delay_s=config.schedule_delay_s)
+    if config.tail_keep:  # tail sampling sits before the export processor (otel_verl._tail)
+        from otel_verl._tail import TailSamplingProcessor
+
+        processor = TailSamplingProcessor.from_config(processor, config, provider.resource)
     provider.add_span_processor(processor)
     return provider, exporter, processor

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Hashable, Iterable
 from typing import Any
 
+from otel_verl import semconv
+
 _SCALE = float(1 << 64)
 _MAX_WEIGHTS_KEPT = 1 << 16
 
@@ -56,6 +58,19 @@ def sample_rank(experiment_name: str, sample_index: Hashable) -> float:
     digest = hashlib.blake2b(f"{sample_index!r}".encode(), digest_size=8,
                              key=experiment_name.encode()[:64]).digest()
     return int.from_bytes(digest, "big") / _SCALE
+
+
+def sampling_attributes(sampler: TrajectorySampler, sample_index: Any,
+                        provisional: bool) -> dict[str, Any]:
+    """The sampling attributes a trajectory span starts with: reason and weight of the head rule
+    (``all`` when every sample is traced), or the provisional marker for the tail decision."""
+    if provisional:
+        return {semconv.OTEL_VERL_PROVISIONAL: True}
+    if sampler.limit is None:
+        return {semconv.ROLLOUT_SAMPLING_REASON: semconv.SamplingReason.ALL,
+                semconv.ROLLOUT_SAMPLING_WEIGHT: 1.0}
+    return {semconv.ROLLOUT_SAMPLING_REASON: semconv.SamplingReason.HEAD,
+            semconv.ROLLOUT_SAMPLING_WEIGHT: sampler.weight(sample_index)}
 
 
 class TrajectorySampler:

@@ -59,6 +59,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 
 from otel_verl import _errors, semconv
+from otel_verl._config import TraceConfig
 from otel_verl.semconv import SamplingReason
 
 RULES = ("errors", "truncated", "reward_outliers", "groups")
@@ -227,6 +228,15 @@ class TailSamplingProcessor(SpanProcessor):
         self._reset_state()
         _AFTER_FORK.add(self)
 
+    @classmethod
+    def from_config(cls, next_processor: SpanProcessor, config: TraceConfig,
+                    resource: Resource | None = None) -> TailSamplingProcessor:
+        """The processor for a resolved configuration (``tail_keep``, ``group_size``, ...)."""
+        return cls(next_processor, keep=config.tail_keep, group_size=config.group_size,
+                   reward_z=config.tail_reward_z, max_per_step=config.tail_max_per_step_per_worker,
+                   buffer_bytes=config.tail_buffer_bytes,
+                   group_timeout_s=config.tail_group_timeout_s, resource=resource)
+
     def _reset_state(self) -> None:
         self._owner: dict[int, _Undecided] = {}  # span id -> its provisional trajectory
         self._undecided: dict[int, _Undecided] = {}  # trajectory span id -> it, oldest first
@@ -385,14 +395,14 @@ class TailSamplingProcessor(SpanProcessor):
             trajectory.reward = float(reward)
         trajectory.root = span
         step = self._step(trajectory.step)
-        if not trajectory.spilled:
-            size = span_bytes(span)
-            trajectory.bytes += size
-            self._add_bytes(size, out)
         own = (SamplingReason.ERROR if trajectory.error and self._errors else
                SamplingReason.TRUNCATED if trajectory.truncated and self._truncated else None)
         if own is not None and trajectory.verdict is None:
             self._keep(trajectory, own, out)
+        elif not trajectory.spilled and self._grouped:  # it waits for its group: in the buffer
+            size = span_bytes(span)
+            trajectory.bytes += size
+            self._add_bytes(size, out)
         if self._grouped:  # kept ones too: their group's rewards and the groups rule need them
             self._join_group(trajectory, out)
         elif trajectory.verdict is None:

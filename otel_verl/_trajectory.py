@@ -22,7 +22,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, semconv
 from otel_verl._capture import record_failure
-from otel_verl._sampling import normalise_index
+from otel_verl._sampling import normalise_index, sampling_attributes
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 
 _NOOP_TRACER = otel_trace.NoOpTracer()
@@ -46,7 +46,8 @@ def rollout_trace_attr(
         name: the trajectory span's name (verl uses "agent_loop").
         validate: a validation rollout.
         trace: False silences every traced op inside (how per-sample sampling is applied);
-            restored on exit, also after an exception.
+            restored on exit, also after an exception. With ``tail_keep`` set, a ``trace=False``
+            trajectory is recorded provisionally and exported only if a tail rule keeps it.
 
     Yields:
         The trajectory span, or None when nothing is recorded.
@@ -60,7 +61,8 @@ def rollout_trace_attr(
             attrs[key] = value if isinstance(value, (int, str, float, bool)) else str(value)
     attrs[semconv.ROLLOUT_VALIDATE] = bool(validate)
     attrs[semconv.ROLLOUT_EXPERIMENT_NAME] = STATE.config.experiment_name
-    if runtime is None or not trace:
+    provisional = not trace and runtime is not None and bool(runtime.config.tail_keep)
+    if runtime is None or not (trace or provisional):
         token = TRAJECTORY.set(Trajectory(attrs, None, bool(trace)))
         try:
             yield None
@@ -71,8 +73,9 @@ def rollout_trace_attr(
         name, kind=SpanKind.INTERNAL,
         attributes={**attrs, semconv.OTEL_VERL_TRAJECTORY: True,
                     semconv.ROLLOUT_PROJECT_NAME: runtime.config.project_name,
-                    semconv.OPENINFERENCE_SPAN_KIND: semconv.SpanKindName.AGENT})
-    token = TRAJECTORY.set(Trajectory(attrs, span, True))
+                    semconv.OPENINFERENCE_SPAN_KIND: semconv.SpanKindName.AGENT,
+                    **sampling_attributes(runtime.sampler, sample_index, provisional)})
+    token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional))
     ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
     try:
         yield span
