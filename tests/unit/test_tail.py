@@ -353,7 +353,7 @@ def test_head_trajectories_pass_straight_through_and_are_counted():
 
 
 def test_shutdown_counts_trajectories_still_open():
-    tracer, processor, exporter, _ = local_provider(keep=("errors",))
+    tracer, processor, _, _ = local_provider(keep=("errors",))
     start_root(tracer, 0, 0)  # never ends
     processor.shutdown()
     assert processor.stats()["tail_abandoned_open"] == 1
