@@ -73,6 +73,9 @@ _MAX_STEPS_KEPT = 64
 _MAX_CLOSED_GROUPS = 4096
 _TRUNCATING_TERMINATIONS = frozenset(semconv.TRUNCATING_TERMINATIONS)
 _TRUNCATING_FINISH = frozenset(semconv.TRUNCATING_FINISH_REASONS)
+#: reasons that make the ``groups`` rule keep the rest of the group
+_RULE_REASONS = frozenset((SamplingReason.ERROR, SamplingReason.TRUNCATED,
+                           SamplingReason.REWARD_OUTLIER))
 
 StepKey = tuple  # (experiment, validate, step)
 GroupKey = tuple  # (experiment, validate, step, sample_index)
@@ -115,6 +118,7 @@ class _Undecided:
         "bytes",
         "error",
         "group",
+        "head_weight",
         "reason",
         "reward",
         "root",
@@ -126,8 +130,11 @@ class _Undecided:
         "verdict",
     )
 
-    def __init__(self, span_id: int, step: StepKey, group: GroupKey) -> None:
+    def __init__(self, span_id: int, step: StepKey, group: GroupKey,
+                 head_weight: float | None = None) -> None:
         self.span_id = span_id
+        #: set for a head-sampled trajectory: its spans go out at once, only its weight waits
+        self.head_weight = head_weight
         self.step = step
         self.group = group
         self.spans: list[ReadableSpan] = []
@@ -278,7 +285,7 @@ class TailSamplingProcessor(SpanProcessor):
                 return
             with self._lock:
                 self._owner.pop(span_id, None)
-                if owner is None:  # a head-sampled (or trace-everything) trajectory span
+                if owner is None:  # a trajectory span of trace-everything (reason all)
                     self._count_head(span, out)
                     out.insert(0, span)
                 elif owner.span_id == span_id:
@@ -302,12 +309,16 @@ class TailSamplingProcessor(SpanProcessor):
         if step is None:
             step = self._steps[step_key] = _Step()
         step.open += 1
-        if attributes.get(semconv.OTEL_VERL_PROVISIONAL):
+        provisional = attributes.get(semconv.OTEL_VERL_PROVISIONAL)
+        if provisional or attributes.get(semconv.ROLLOUT_SAMPLING_REASON) == SamplingReason.HEAD:
             span_id = span.context.span_id
-            trajectory = _Undecided(span_id, step_key,
-                                    (*step_key, attributes.get(semconv.ROLLOUT_SAMPLE_INDEX)))
+            weight = attributes.get(semconv.ROLLOUT_SAMPLING_WEIGHT)
+            trajectory = _Undecided(
+                span_id, step_key, (*step_key, attributes.get(semconv.ROLLOUT_SAMPLE_INDEX)),
+                None if provisional else float(weight) if isinstance(weight, (int, float)) else 1.0)
             self._owner[span_id] = trajectory
-            self._undecided[span_id] = trajectory
+            if provisional:
+                self._undecided[span_id] = trajectory
         out: list[ReadableSpan] = []
         if step_key != self._current:  # a step change: the steps with nothing running are over
             self._current = step_key
@@ -347,6 +358,10 @@ class TailSamplingProcessor(SpanProcessor):
         self._expire(out)
 
     def _child_ended(self, owner: _Undecided, span: ReadableSpan, out: list[ReadableSpan]) -> None:
+        if owner.head_weight is not None:  # head-sampled: exported now, looked at for the rules
+            self._inspect(owner, span)
+            out.append(span)
+            return
         if owner.verdict is not None or owner.spilled:  # decided, or exported early
             if owner.verdict is False:
                 self._counts["late_spans_dropped"] += 1
@@ -386,7 +401,10 @@ class TailSamplingProcessor(SpanProcessor):
         trajectory.spans, trajectory.bytes = [], 0
         trajectory.spilled = True
         if trajectory.root is not None:  # ended, waiting for its group: decided now
-            self._export(trajectory, SamplingReason.OVERFLOW, 0.0, out)
+            if trajectory.head_weight is not None:
+                self._export(trajectory, SamplingReason.HEAD, trajectory.head_weight, out)
+            else:
+                self._export(trajectory, SamplingReason.OVERFLOW, 0.0, out)
 
     def _root_ended(self, trajectory: _Undecided, span: ReadableSpan,
                     out: list[ReadableSpan]) -> None:
@@ -404,6 +422,7 @@ class TailSamplingProcessor(SpanProcessor):
         elif not trajectory.spilled and self._grouped:  # it waits for its group: in the buffer
             size = span_bytes(span)
             trajectory.bytes += size
+            self._undecided[trajectory.span_id] = trajectory
             self._add_bytes(size, out)
         if self._grouped:  # kept ones too: their group's rewards and the groups rule need them
             self._join_group(trajectory, out)
@@ -437,7 +456,7 @@ class TailSamplingProcessor(SpanProcessor):
                 member = scored[position]
                 if member.verdict is None:
                     self._keep(member, SamplingReason.REWARD_OUTLIER, out)
-        kept = any(m.verdict and m.reason != SamplingReason.OVERFLOW for m in members)
+        kept = any(m.verdict and m.reason in _RULE_REASONS for m in members)
         for member in members:
             if member.verdict is None:
                 if kept and self._groups:
@@ -449,6 +468,9 @@ class TailSamplingProcessor(SpanProcessor):
             self._closed.popitem(last=False)
 
     def _keep(self, trajectory: _Undecided, reason: str, out: list[ReadableSpan]) -> None:
+        if trajectory.head_weight is not None:  # a tail rule matches: it would be kept anyway,
+            self._export(trajectory, reason, 1.0, out)  # so its inclusion probability is 1
+            return
         step = self._step(trajectory.step)
         if self._budget is not None and step.tail_kept >= self._budget:
             self._count(step, "over_budget", ran=False)
@@ -471,6 +493,9 @@ class TailSamplingProcessor(SpanProcessor):
         self._count(self._step(trajectory.step), "kept." + reason)
 
     def _drop(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
+        if trajectory.head_weight is not None:  # no tail rule matches: the head rule's weight
+            self._export(trajectory, SamplingReason.HEAD, trajectory.head_weight, out)
+            return
         if trajectory.spilled:  # its spans are out already: send its trajectory span too
             self._export(trajectory, SamplingReason.OVERFLOW, 0.0, out)
             return

@@ -118,4 +118,6 @@ async def test_engine_gets_no_trace_context_from_a_provisional_trajectory(stub):
         roots = {s.attributes[semconv.ROLLOUT_SAMPLE_INDEX]: s.attributes[
             semconv.ROLLOUT_SAMPLING_REASON] for s in exp.get_finished_spans()
             if s.attributes.get(semconv.OTEL_VERL_TRAJECTORY)}
-        assert roots == {0: R.TRUNCATED, 1: R.HEAD}
+        # the head sample is truncated too: it would have been kept anyway, so its inclusion
+        # probability is 1 and it says so (reason truncated, weight 1)
+        assert roots == {0: R.TRUNCATED, 1: R.TRUNCATED}

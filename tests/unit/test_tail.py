@@ -150,12 +150,36 @@ def test_head_sample_plus_errors_plus_mixed_groups_exactly():
         for sample in (head, mixed, tie, op_err, traj_err):
             assert children[(sample, 1)] == 2 * N
         assert children[(uniform_ok, 1)] == children[(uniform_bad, 1)] == 0
+        RolloutTraceConfig.flush()  # step 2's head trajectory span waits for its group until then
         assert_no_orphans(exporter)
         stats = RolloutTraceConfig.stats()
         assert stats["tail_buffered_bytes"] == 0 and stats["tail_undecided"] == 0
     # the error really is the failed op's status
     assert any(s.name.endswith("work") and s.status.status_code.name == "ERROR"
                for s in exporter.get_finished_spans())
+
+
+@pytest.mark.parametrize("tail", [True, False])
+def test_head_trajectories_a_tail_rule_would_keep_get_weight_one(tail):
+    """Unbiased weights: a head-sampled trajectory that a tail rule matches is kept with
+    probability 1 (head or not), so its weight is 1; the others keep the head weight M/N."""
+    options = {"tail_keep": RULES, "group_size": 2} if tail else {}
+    with capture_spans(max_samples_per_step_per_worker=2, **options) as exporter:
+        chosen = RolloutTraceConfig.sampler().select(range(10))
+        mixed, clean = sorted(chosen)
+        for n, reward in enumerate([1.0, 0.0]):
+            trajectory(1, mixed, n, trace=True, reward=reward)
+        for n in range(2):
+            trajectory(1, clean, n, trace=True, reward=1.0, op_error=n == 1)
+        RolloutTraceConfig.flush()
+        got = {k: (s.attributes[semconv.ROLLOUT_SAMPLING_REASON],
+                   s.attributes[semconv.ROLLOUT_SAMPLING_WEIGHT]) for k, s in
+               roots(exporter).items()}
+    if tail:
+        assert got == {(mixed, 0): (R.REWARD_OUTLIER, 1.0), (mixed, 1): (R.REWARD_OUTLIER, 1.0),
+                       (clean, 0): (R.GROUP, 1.0), (clean, 1): (R.ERROR, 1.0)}
+    else:
+        assert set(got.values()) == {(R.HEAD, 5.0)}
 
 
 def test_tail_keep_empty_keeps_todays_behaviour_at_no_cost(spans):
@@ -400,8 +424,8 @@ def test_binary_outliers_are_the_minority_of_a_mixed_group(rewards):
 def test_continuous_outliers_never_raise_and_respect_the_bound(rewards, z):
     kept = reward_outliers(rewards, z)
     n = len(rewards)
-    if len(set(rewards)) > 2 and z > (n - 1) / n ** 0.5 + 1e-9:
-        assert kept == set()  # no z-score can exceed (n-1)/sqrt(n)
+    if len(set(rewards)) > 2 and z > (n - 1) ** 0.5 + 1e-9:
+        assert kept == set()  # no z-score can exceed sqrt(n-1) (Samuelson)
 
 
 def test_span_bytes_grows_with_payload():
