@@ -107,7 +107,7 @@ class TrajectorySampler:
         """The sample's stable rank in [0, 1); lower ranks are traced first."""
         return sample_rank(self.experiment_name, sample_index)
 
-    def select(self, sample_indices: Iterable[Hashable]) -> frozenset:
+    def select(self, sample_indices: Iterable[Hashable]) -> frozenset[Any]:
         """The sample indices of one chunk to trace: the N unique ones of lowest rank.
 
         Args:

@@ -77,17 +77,23 @@ _TRUNCATING_FINISH = frozenset(semconv.TRUNCATING_FINISH_REASONS)
 _RULE_REASONS = frozenset((SamplingReason.ERROR, SamplingReason.TRUNCATED,
                            SamplingReason.REWARD_OUTLIER))
 
-StepKey = tuple  # (experiment, validate, step)
-GroupKey = tuple  # (experiment, validate, step, sample_index)
+StepKey = tuple[Any, Any, Any]  # (experiment, validate, step)
+GroupKey = tuple[Any, Any, Any, Any]  # (experiment, validate, step, sample_index)
+_NO_ATTRIBUTES: Mapping[str, Any] = {}
+
+
+def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    return span.attributes or _NO_ATTRIBUTES
 
 
 def span_bytes(span: ReadableSpan) -> int:
     """An estimate of what a finished span holds in memory: a fixed overhead per span, attribute
     and event, plus the length of every string (one pass, no call per value)."""
-    attributes = span.attributes
+    attributes = _attributes(span)
     size = _SPAN_OVERHEAD + len(span.name)
     if attributes:
         size += _ATTRIBUTE_OVERHEAD * len(attributes)
+        value: Any
         for value in attributes.values():
             kind = type(value)
             if kind is str:
@@ -96,9 +102,9 @@ def span_bytes(span: ReadableSpan) -> int:
                 size += 8 * len(value) + sum(len(v) for v in value if type(v) is str)
     for event in span.events:
         size += _EVENT_OVERHEAD
-        if event.attributes:
-            size += _ATTRIBUTE_OVERHEAD * len(event.attributes) + sum(
-                len(v) for v in event.attributes.values() if type(v) is str)
+        event_attributes: Mapping[str, Any] = event.attributes or _NO_ATTRIBUTES
+        size += _ATTRIBUTE_OVERHEAD * len(event_attributes) + sum(
+            len(v) for v in event_attributes.values() if type(v) is str)
     return size
 
 
@@ -260,7 +266,7 @@ class TailSamplingProcessor(SpanProcessor):
     # -- the rollout's side ----------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
-            attributes = span.attributes
+            attributes = _attributes(span)
             if attributes.get(semconv.OTEL_VERL_TRAJECTORY):
                 with self._lock:
                     released = self._trajectory_started(span, attributes)
@@ -280,7 +286,7 @@ class TailSamplingProcessor(SpanProcessor):
         try:
             span_id = span.context.span_id
             owner = self._owner.get(span_id) if self._owner else None
-            if owner is None and not span.attributes.get(semconv.OTEL_VERL_TRAJECTORY):
+            if owner is None and not _attributes(span).get(semconv.OTEL_VERL_TRAJECTORY):
                 self.next.on_end(span)  # not part of a provisional trajectory: straight on
                 return
             with self._lock:
@@ -343,7 +349,7 @@ class TailSamplingProcessor(SpanProcessor):
         return step
 
     def _count_head(self, span: ReadableSpan, out: list[ReadableSpan]) -> None:
-        attributes = span.attributes
+        attributes = _attributes(span)
         key = (attributes.get(semconv.ROLLOUT_EXPERIMENT_NAME),
                bool(attributes.get(semconv.ROLLOUT_VALIDATE)), attributes.get(semconv.ROLLOUT_STEP))
         step = self._step(key)
@@ -375,7 +381,7 @@ class TailSamplingProcessor(SpanProcessor):
         self._add_bytes(size, out)
 
     def _inspect(self, owner: _Undecided, span: ReadableSpan) -> None:
-        attributes = span.attributes
+        attributes = _attributes(span)
         if span.status.status_code is StatusCode.ERROR or \
                 attributes.get(semconv.ERROR_TYPE) is not None:
             owner.error = True
@@ -409,7 +415,7 @@ class TailSamplingProcessor(SpanProcessor):
     def _root_ended(self, trajectory: _Undecided, span: ReadableSpan,
                     out: list[ReadableSpan]) -> None:
         self._inspect(trajectory, span)
-        reward = span.attributes.get(semconv.ROLLOUT_REWARD)
+        reward = _attributes(span).get(semconv.ROLLOUT_REWARD)
         if isinstance(reward, (int, float)) and not isinstance(reward, bool) and \
                 math.isfinite(reward):
             trajectory.reward = float(reward)
@@ -554,8 +560,8 @@ class TailSamplingProcessor(SpanProcessor):
     # -- lifecycle -------------------------------------------------------------------------------
     def _decide_all(self, out: list[ReadableSpan], *, abandon_open: bool) -> None:
         """Decide every group that waits (a flush ends them), report every step."""
-        for key in list(self._waiting):
-            self._decide_group(key, out)
+        for group_key in list(self._waiting):
+            self._decide_group(group_key, out)
         if abandon_open:
             for trajectory in list(self._undecided.values()):
                 self._counts["abandoned_open"] += 1

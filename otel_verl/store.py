@@ -810,9 +810,10 @@ def step_statistics(trajectories: Iterable[Trajectory],
     reports = reports or {}
     result = []
     for key in sorted(set(acc) | set(reports), key=lambda k: tuple(repr(v) for v in k)):
-        a = acc.get(key)
+        found = acc.get(key)
         stats = StepStatistics(*key)
-        if a is not None:
+        if found is not None:
+            a = found
             stats.traced = a["n"]
             stats.by_reason = a["reasons"]
             stats.estimated = a["w"]
