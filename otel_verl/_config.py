@@ -27,6 +27,8 @@ BACKENDS = ("file", "otlp", "weave", "console", "none")
 FOREIGN_BACKENDS = ("mlflow", "trackio")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PROCESSORS = ("batch", "simple")
+#: the rules of ``tail_keep`` (see ``otel_verl._tail``)
+TAIL_RULES = ("errors", "truncated", "reward_outliers", "groups")
 
 VERL_TRACE_PREFIX = "actor_rollout_ref.rollout.trace."
 
@@ -66,6 +68,12 @@ class TraceConfig:
     max_request_bytes: int = 3 * 1024 * 1024
     max_spool_bytes: int = 1024 * 1024 * 1024
     export_delay_s: float = 5.0
+    tail_keep: tuple[str, ...] = ()
+    group_size: int | None = None
+    tail_reward_z: float = 2.0
+    tail_max_per_step_per_worker: int | None = None
+    tail_buffer_bytes: int = 64 * 1024 * 1024
+    tail_group_timeout_s: float = 300.0
 
     @property
     def enabled(self) -> bool:
@@ -154,6 +162,8 @@ def _parse_patterns(value: Any) -> tuple[str, ...]:
         except re.error as exc:
             raise ConfigError(f"invalid regular expression {pattern!r}: {exc}") from None
     return tuple(value)
+
+
 #: the shortest schedule delay (a smaller one turns the export worker into a busy loop)
 MIN_SCHEDULE_DELAY_S = 0.01
 
@@ -162,6 +172,51 @@ def _parse_schedule_delay(value: Any) -> float:
     number = _parse_positive_float(value)
     if number < MIN_SCHEDULE_DELAY_S:
         raise ConfigError(f"expected at least {MIN_SCHEDULE_DELAY_S} seconds, got {value!r}")
+    return number
+
+
+def _parse_opt_int(minimum: int) -> Callable[[Any], int | None]:
+    def parse(value: Any) -> int | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() in
+                             ("", "null", "none")):
+            return None
+        return _parse_int(value, minimum)
+
+    return parse
+
+
+def _parse_tail_keep(value: Any) -> tuple[str, ...]:
+    """A list of rules, or a comma-separated string (the environment's form); empty = off."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: list[Any] = [part for part in value.split(",") if part.strip()]
+        if [part.strip().lower() for part in items] in (["none"], ["null"]):
+            items = []
+    elif isinstance(value, Iterable) and not _is_mapping(value):  # list, tuple, ListConfig
+        items = list(value)
+    else:
+        raise ConfigError(f"expected a list of {', '.join(TAIL_RULES)} (or a comma-separated "
+                          f"string); got {value!r}")
+    rules: list[str] = []
+    for item in items:
+        rule = item.strip().lower() if isinstance(item, str) else item
+        if rule not in TAIL_RULES:
+            raise ConfigError(f"expected rules among {', '.join(TAIL_RULES)}; got {item!r}")
+        if rule not in rules:
+            rules.append(rule)
+    return tuple(rules)
+
+
+def _parse_z(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"expected a positive number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected a positive number, got {value!r}") from None
+    if not 0 < number < 1e6:  # also rejects nan and inf
+        raise ConfigError(f"expected a positive number, got {value!r}")
     return number
 
 
@@ -358,6 +413,41 @@ _FIELDS: tuple[_Field, ...] = (
            doc="with `durable`: a request that is not full leaves once its oldest span waited "
                "this long (the spans are on disk meanwhile), so requests fill up",
            shown_default='5.0'),
+    # tail sampling (otel_verl._tail, docs/sampling.md)
+    _Field("tail_keep", _parse_tail_keep, (_env.OTEL_VERL_TAIL_KEEP,),
+           (VERL_TRACE_PREFIX + "tail_keep",),
+           doc="tail rules that export a trajectory the head rule did not pick, decided when it "
+               "ends: `errors`, `truncated`, `reward_outliers`, `groups` (a list, or a comma "
+               "string in the environment); empty = off (no provisional recording, no cost)",
+           shown_default="empty (off)"),
+    _Field("group_size", _parse_opt_int(1), (_env.OTEL_VERL_GROUP_SIZE,),
+           (VERL_TRACE_PREFIX + "group_size", "actor_rollout_ref.rollout.n"),
+           doc="rollouts per GRPO group (verl's `actor_rollout_ref.rollout.n`); a group is "
+               "decided when this many of its trajectories ended on this worker, else at a step "
+               "change, `tail_group_timeout_s` or a flush; `null` = only then",
+           shown_default="`null`"),
+    _Field("tail_reward_z", _parse_z, (_env.OTEL_VERL_TAIL_REWARD_Z,),
+           (VERL_TRACE_PREFIX + "tail_reward_z",),
+           doc="`reward_outliers` with continuous rewards: keep a trajectory whose reward is at "
+               "least this many standard deviations from its group's mean (a group of n can "
+               "reach at most sqrt(n-1): 2.0 needs groups of 5 or more)",
+           shown_default="2.0"),
+    _Field("tail_max_per_step_per_worker", _parse_opt_int(0),
+           (_env.OTEL_VERL_TAIL_MAX_PER_STEP_PER_WORKER,),
+           (VERL_TRACE_PREFIX + "tail_max_per_step_per_worker",),
+           doc="most trajectories the tail rules add per step per worker (`null` = no cap); "
+               "the rest are dropped and counted as `over_budget`",
+           shown_default="`null` (no cap)"),
+    _Field("tail_buffer_bytes", lambda v: _parse_int(v, 0), (_env.OTEL_VERL_TAIL_BUFFER_BYTES,),
+           (VERL_TRACE_PREFIX + "tail_buffer_bytes",),
+           doc="memory for spans of undecided trajectories (estimated bytes); when full, the "
+               "oldest undecided trajectories are exported early (reason `overflow`), never "
+               "dropped",
+           shown_default="67108864 (64 MiB)"),
+    _Field("tail_group_timeout_s", _parse_positive_float, (_env.OTEL_VERL_TAIL_GROUP_TIMEOUT_S,),
+           (VERL_TRACE_PREFIX + "tail_group_timeout_s",),
+           doc="an incomplete group is decided with the trajectories it has after this long",
+           shown_default="300.0"),
 )
 FIELD_NAMES = tuple(f.name for f in _FIELDS)
 # OTEL_BSP_SCHEDULE_DELAY is in milliseconds (OTel spec); ours is seconds

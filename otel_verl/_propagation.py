@@ -28,9 +28,13 @@ from otel_verl._trajectory import is_recording
 def traceparent_headers() -> dict[str, str]:
     """W3C ``traceparent``/``tracestate`` of the current span, for a request to an engine.
 
-    Empty when nothing is recording (so engines start no orphan traces for untraced rollouts).
+    Empty when nothing is recording (so engines start no orphan traces for untraced rollouts),
+    and in a provisional trajectory (its engine spans could not be withdrawn if it is dropped).
     """
     if not is_recording():
+        return {}
+    traj = TRAJECTORY.get()
+    if traj is not None and traj.provisional:
         return {}
     headers: dict[str, str] = {}
     propagate.inject(headers)
@@ -51,7 +55,7 @@ def inject_context(carrier: dict[str, str] | None = None) -> dict[str, str]:
     traj = TRAJECTORY.get()
     if traj is not None:
         carrier[semconv.CARRIER_TRAJECTORY] = json.dumps(
-            {"attrs": dict(traj.attrs), "enabled": traj.enabled})
+            {"attrs": dict(traj.attrs), "enabled": traj.enabled and not traj.provisional})
     return carrier
 
 

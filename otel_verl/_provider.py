@@ -202,5 +202,9 @@ def build_provider(
                                           max_batch_bytes=config.max_request_bytes,
                                           schedule_delay_s=config.schedule_delay_s,
                                           transform=scrubber)
+    if config.tail_keep:  # tail sampling sits before the export processor (otel_verl._tail)
+        from otel_verl._tail import TailSamplingProcessor
+
+        processor = TailSamplingProcessor.from_config(processor, config, provider.resource)
     provider.add_span_processor(processor)
     return provider, exporter, processor

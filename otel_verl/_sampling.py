@@ -13,6 +13,14 @@ Usage::
     with rollout_trace_attr(sample_index=i, step=s, rollout_n=n, trace=i in chosen): ...
 
     if sampler.should_trace(sample_index, step): ...     # streaming form, batch not known up front
+
+    sampler.weight(sample_index)    # 1 / inclusion probability of a traced sample (the head rule)
+
+Weights: a sample chosen by ``select`` from a chunk of M unique samples with limit N had inclusion
+probability N / M (the rank is a uniform hash, independent of the data), so its weight is M / N;
+with every sample traced the weight is 1. In the streaming form the population of a step is not
+known when a sample is decided: the weight is ``1 / fraction`` (exact when the limit does not
+bind); the per-step sampling report (``otel_verl._tail``) carries the exact counts.
 """
 
 from __future__ import annotations
@@ -22,7 +30,10 @@ import threading
 from collections.abc import Hashable, Iterable
 from typing import Any
 
+from otel_verl import semconv
+
 _SCALE = float(1 << 64)
+_MAX_WEIGHTS_KEPT = 1 << 16
 
 
 def normalise_index(sample_index: Any) -> Any:
@@ -47,6 +58,19 @@ def sample_rank(experiment_name: str, sample_index: Hashable) -> float:
     digest = hashlib.blake2b(f"{sample_index!r}".encode(), digest_size=8,
                              key=experiment_name.encode()[:64]).digest()
     return int.from_bytes(digest, "big") / _SCALE
+
+
+def sampling_attributes(sampler: TrajectorySampler, sample_index: Any,
+                        provisional: bool) -> dict[str, Any]:
+    """The sampling attributes a trajectory span starts with: reason and weight of the head rule
+    (``all`` when every sample is traced), or the provisional marker for the tail decision."""
+    if provisional:
+        return {semconv.OTEL_VERL_PROVISIONAL: True}
+    if sampler.limit is None:
+        return {semconv.ROLLOUT_SAMPLING_REASON: semconv.SamplingReason.ALL,
+                semconv.ROLLOUT_SAMPLING_WEIGHT: 1.0}
+    return {semconv.ROLLOUT_SAMPLING_REASON: semconv.SamplingReason.HEAD,
+            semconv.ROLLOUT_SAMPLING_WEIGHT: sampler.weight(sample_index)}
 
 
 class TrajectorySampler:
@@ -77,12 +101,13 @@ class TrajectorySampler:
         self.fraction = fraction
         self._lock = threading.Lock()
         self._seen: dict[Hashable, dict[Hashable, bool]] = {}
+        self._weights: dict[Hashable, float] = {}
 
     def rank(self, sample_index: Hashable) -> float:
         """The sample's stable rank in [0, 1); lower ranks are traced first."""
         return sample_rank(self.experiment_name, sample_index)
 
-    def select(self, sample_indices: Iterable[Hashable]) -> frozenset:
+    def select(self, sample_indices: Iterable[Hashable]) -> frozenset[Any]:
         """The sample indices of one chunk to trace: the N unique ones of lowest rank.
 
         Args:
@@ -93,11 +118,37 @@ class TrajectorySampler:
         """
         unique = list(dict.fromkeys(normalise_index(i) for i in sample_indices))
         if self.limit is None or len(unique) <= self.limit:
-            return frozenset(unique)
-        if self.limit == 0:
+            chosen = frozenset(unique)
+        elif self.limit == 0:
             return frozenset()
-        ranked = sorted(unique, key=lambda index: (self.rank(index), repr(index)))
-        return frozenset(ranked[: self.limit])
+        else:
+            ranked = sorted(unique, key=lambda index: (self.rank(index), repr(index)))
+            chosen = frozenset(ranked[: self.limit])
+        self._remember(chosen, len(unique) / len(chosen) if chosen else 1.0)
+        return chosen
+
+    def _remember(self, chosen: Iterable[Hashable], weight: float) -> None:
+        with self._lock:
+            if len(self._weights) > _MAX_WEIGHTS_KEPT:  # oldest half out (insertion order)
+                for old in list(self._weights)[: _MAX_WEIGHTS_KEPT // 2]:
+                    del self._weights[old]
+            for index in chosen:
+                self._weights.pop(index, None)
+                self._weights[index] = weight
+
+    def weight(self, sample_index: Hashable) -> float:
+        """The head rule's weight of a traced sample: 1 / its inclusion probability.
+
+        M / N for a sample chosen by the latest ``select`` holding it (M unique samples in the
+        chunk, N the limit); ``1 / fraction`` in the streaming form; 1 when every sample is
+        traced or the sample was not chosen by this sampler.
+        """
+        if self.limit is None:
+            return 1.0
+        weight = self._weights.get(normalise_index(sample_index))
+        if weight is not None:
+            return weight
+        return 1.0 / self.fraction
 
     def should_trace(self, sample_index: Hashable, step: Hashable = None) -> bool:
         """Streaming form: decide one sample at a time within a step. Thread-safe.

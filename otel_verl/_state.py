@@ -42,6 +42,8 @@ class Trajectory:
     attrs: Mapping[str, Any]
     span: Span | None
     enabled: bool
+    #: recorded only until the tail decision (``trace=False`` with ``tail_keep`` set)
+    provisional: bool = False
 
 
 TRAJECTORY: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(

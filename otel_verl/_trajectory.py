@@ -22,7 +22,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, semconv
 from otel_verl._capture import record_failure
-from otel_verl._sampling import normalise_index
+from otel_verl._sampling import normalise_index, sampling_attributes
 from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 
@@ -47,7 +47,8 @@ def rollout_trace_attr(
         name: the trajectory span's name (verl uses "agent_loop").
         validate: a validation rollout.
         trace: False silences every traced op inside (how per-sample sampling is applied);
-            restored on exit, also after an exception.
+            restored on exit, also after an exception. With ``tail_keep`` set, a ``trace=False``
+            trajectory is recorded provisionally and exported only if a tail rule keeps it.
 
     Yields:
         The trajectory span, or None when nothing is recorded.
@@ -62,7 +63,8 @@ def rollout_trace_attr(
     attrs[semconv.ROLLOUT_EXPERIMENT_NAME] = STATE.config.experiment_name
     enabled = trace if type(trace) is bool else _truth(trace)
     previous = TRAJECTORY.get()
-    if runtime is None or not enabled:
+    provisional = not enabled and runtime is not None and bool(runtime.config.tail_keep)
+    if runtime is None or not (enabled or provisional):
         token = TRAJECTORY.set(Trajectory(attrs, None, enabled))
         try:
             yield None
@@ -74,8 +76,10 @@ def rollout_trace_attr(
         name, kind=SpanKind.INTERNAL,
         attributes={**attrs, semconv.OTEL_VERL_TRAJECTORY: True,
                     semconv.ROLLOUT_PROJECT_NAME: runtime.config.project_name,
-                    semconv.OPENINFERENCE_SPAN_KIND: semconv.SpanKindName.AGENT})
-    token = TRAJECTORY.set(Trajectory(attrs, span, True))
+                    semconv.OPENINFERENCE_SPAN_KIND: semconv.SpanKindName.AGENT,
+                    **sampling_attributes(runtime.sampler, attrs.get(semconv.ROLLOUT_SAMPLE_INDEX),
+                                          provisional)})
+    token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional))
     previous_context = otel_context.get_current()
     ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
     try:

@@ -42,6 +42,8 @@ from otel_verl.store import (
     group_trajectories,
     list_files,
     read_spans,
+    sampling_reports,
+    step_statistics,
 )
 
 __all__ = ["main"]
@@ -93,8 +95,11 @@ class _Progress:
             self._stream.flush()
 
 
-def _load(args: argparse.Namespace) -> tuple[list[Trajectory], ReadStats] | None:
-    """All trajectories under ``args.dir``; None (after saying why) when there is no store."""
+def _load(args: argparse.Namespace, reports: dict[Any, Any] | None = None,
+          ) -> tuple[list[Trajectory], ReadStats] | None:
+    """All trajectories under ``args.dir``; None (after saying why) when there is no store.
+
+    ``reports``, when given, is filled with the workers' per-step sampling reports."""
     directory = args.dir
     try:
         files = list_files(directory)
@@ -125,6 +130,8 @@ def _load(args: argparse.Namespace) -> tuple[list[Trajectory], ReadStats] | None
             f"first: {stats.problems[0] if stats.problems else '-'}",
             file=sys.stderr,
         )
+    if reports is not None:
+        reports.update(sampling_reports(spans))
     return group_trajectories(spans), stats
 
 
@@ -304,7 +311,8 @@ def _tree_json(node: SpanNode) -> dict[str, Any]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    loaded = _load(args)
+    reports: dict[Any, Any] = {}
+    loaded = _load(args, reports if args.steps else None)
     if loaded is None:
         return 1
     trajectories, _ = loaded
@@ -317,6 +325,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         validate=args.validate,
     )
     out = sys.stdout
+    if args.steps:
+        return _print_steps(args, selected, reports, out)
     if args.json:
         _dump_json([t.summary() for t in selected], out)
         return 0
@@ -341,6 +351,33 @@ def _cmd_list(args: argparse.Namespace) -> int:
             str(len(t.spans)),
             _duration(t.duration_ns),
             status,
+        ])
+    _table(rows, out)
+    return 0
+
+
+def _print_steps(args: argparse.Namespace, selected: list[Trajectory],
+                 reports: dict[Any, Any], out: TextIO) -> int:
+    """``list --steps``: one row per step, statistics weighted by ``rollout.sampling.weight``."""
+    if args.step is not None or args.experiment is not None or args.validate is not None:
+        reports = {k: v for k, v in reports.items()
+                   if (args.experiment is None or k[0] == args.experiment)
+                   and (args.validate is None or bool(k[1]) == args.validate)
+                   and (args.step is None or k[2] == args.step)}
+    steps = step_statistics(selected, reports)
+    if args.json:
+        _dump_json([s.as_dict() for s in steps], out)
+        return 0
+    rows = [["EXPERIMENT", "STEP", "VALIDATE", "TRACED", "REASONS", "EST. RAN", "RAN",
+             "DROPPED", "REWARD (WEIGHTED)", "REWARD (TRACED)", "ERRORS (WEIGHTED)"]]
+    for s in steps:
+        rows.append([
+            _cell(s.experiment), _cell(s.step), _cell(s.validate), str(s.traced),
+            ",".join(f"{k}={v}" for k, v in sorted(s.by_reason.items())) or "-",
+            f"{s.estimated:.1f}", _cell(s.ran), _cell(s.dropped),
+            "-" if s.reward_mean is None else f"{s.reward_mean:.4f}",
+            "-" if s.reward_mean_unweighted is None else f"{s.reward_mean_unweighted:.4f}",
+            "-" if s.error_rate is None else f"{s.error_rate:.1%}",
         ])
     _table(rows, out)
     return 0
@@ -577,6 +614,10 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="only validation (--validate) or only training (--no-validate) trajectories",
     )
+    list_p.add_argument(
+        "--steps", action="store_true",
+        help="one row per step: counts per sampling reason and statistics weighted by "
+             "rollout.sampling.weight (unbiased under head and tail sampling)")
     list_p.set_defaults(handler=_cmd_list)
 
     show_p = traces_commands.add_parser("show", help="the span tree of one trace")

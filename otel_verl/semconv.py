@@ -116,3 +116,52 @@ TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
 #: our key in a cross-process carrier: the trajectory attributes as JSON
 CARRIER_TRAJECTORY: Final = "otel-verl-trajectory"
+
+# --- sampling: why a trajectory was exported, and with what weight ------------------------------
+#: on every exported trajectory span: why it was kept (a ``SamplingReason`` value)
+ROLLOUT_SAMPLING_REASON: Final = "rollout.sampling.reason"
+#: on every exported trajectory span: the inverse of its inclusion probability (Horvitz-Thompson
+#: weight): N_samples / N_traced for the head rule, 1 for tail rules and ``all``, 0 for
+#: ``overflow`` (exported only because the tail buffer was full: not part of the sample)
+ROLLOUT_SAMPLING_WEIGHT: Final = "rollout.sampling.weight"
+#: how the trajectory ended, set on the trajectory span by an agent loop (verl's termination
+#: names: ``no_tool_call``, ``response_length``, ``max_assistant_turns``, ``max_user_turns``)
+ROLLOUT_TERMINATION: Final = "rollout.termination"
+#: terminations that count as truncated for the ``truncated`` tail rule
+TRUNCATING_TERMINATIONS: Final = ("response_length", "max_assistant_turns", "max_user_turns")
+#: finish reasons (``gen_ai.response.finish_reasons``) that count as truncated
+TRUNCATING_FINISH_REASONS: Final = ("length", "max_tokens")
+#: OTel's general error attribute; a span carrying it counts as an error for the ``errors`` rule
+#: (tools that return an error result without raising set it)
+ERROR_TYPE: Final = "error.type"
+#: True on the trajectory span of a trajectory recorded provisionally (``trace=False`` while
+#: ``tail_keep`` is set): its spans wait for the tail decision
+OTEL_VERL_PROVISIONAL: Final = "otel_verl.provisional"
+#: the per-step per-worker sampling report: a small root span with the counts below
+SAMPLING_REPORT_SPAN: Final = "otel_verl.sampling_report"
+#: report counts: trajectories that ended (and were decided) since the previous report ...
+ROLLOUT_SAMPLING_RAN: Final = "rollout.sampling.ran"
+#: ... kept per reason: ``rollout.sampling.kept.<reason>`` ...
+ROLLOUT_SAMPLING_KEPT_PREFIX: Final = "rollout.sampling.kept."
+#: ... and dropped (ran = sum of kept.* + dropped)
+ROLLOUT_SAMPLING_DROPPED: Final = "rollout.sampling.dropped"
+#: of the dropped: matched a tail rule but ``tail_max_per_step_per_worker`` was spent
+ROLLOUT_SAMPLING_OVER_BUDGET: Final = "rollout.sampling.over_budget"
+
+
+class SamplingReason:
+    """Values of ``rollout.sampling.reason``."""
+
+    HEAD: Final = "head"
+    ERROR: Final = "error"
+    TRUNCATED: Final = "truncated"
+    REWARD_OUTLIER: Final = "reward_outlier"
+    GROUP: Final = "group"
+    ALL: Final = "all"
+    OVERFLOW: Final = "overflow"
+
+
+#: every reason, in report order
+SAMPLING_REASONS: Final = (SamplingReason.HEAD, SamplingReason.ALL, SamplingReason.ERROR,
+                           SamplingReason.TRUNCATED, SamplingReason.REWARD_OUTLIER,
+                           SamplingReason.GROUP, SamplingReason.OVERFLOW)

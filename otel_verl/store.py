@@ -41,13 +41,16 @@ from otel_verl._otlp_json import decode_line, iter_spans, spans_from_otlp_json
 __all__ = [
     "ReadStats",
     "SpanNode",
+    "StepStatistics",
     "Trajectory",
     "filter_spans",
     "filter_trajectories",
     "group_trajectories",
     "list_files",
     "read_spans",
+    "sampling_reports",
     "spans_from_otlp_json",
+    "step_statistics",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -362,6 +365,21 @@ class Trajectory:
         return self.attribute(semconv.ROLLOUT_NUM_TURNS)
 
     @property
+    def sampling_reason(self) -> str | None:
+        """Why it was exported (``rollout.sampling.reason``: head, error, group, ...), if said."""
+        value = _attr(self.root, semconv.ROLLOUT_SAMPLING_REASON) if self.root else None
+        return value if isinstance(value, str) else None
+
+    @property
+    def sampling_weight(self) -> float:
+        """``rollout.sampling.weight``: how many trajectories this one stands for (1 / its
+        inclusion probability); 1 when not recorded (everything was traced), 0 for overflow."""
+        value = _attr(self.root, semconv.ROLLOUT_SAMPLING_WEIGHT) if self.root else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return 1.0
+
+    @property
     def start_ns(self) -> int | None:
         if self.root is not None and self.root["start_ns"] is not None:
             return self.root["start_ns"]
@@ -410,6 +428,8 @@ class Trajectory:
             "duration_ns": self.duration_ns,
             "status": self.status,
             "errors": len(self.errors),
+            "sampling_reason": self.sampling_reason,
+            "sampling_weight": self.sampling_weight,
         }
 
 
@@ -505,6 +525,8 @@ def group_trajectories(spans: Iterable[dict[str, Any]]) -> list[Trajectory]:
     """
     traces: dict[str, dict[str, dict[str, Any]]] = {}
     for span in spans:
+        if _is_sampling_report(span):  # a worker's per-step counts, not a trajectory
+            continue
         traces.setdefault(span["trace_id"], {}).setdefault(span["span_id"], span)
     result = []
     for trace_id, by_id in traces.items():
@@ -529,3 +551,114 @@ def filter_trajectories(
         if all(_value_matches(trajectory.attribute(key, _UNSET), w) for key, w in criteria):
             out.append(trajectory)
     return out
+
+
+# --- sampling: per-step statistics that use the weights -------------------------------------------
+
+StepKey = tuple[Any, Any, Any]  # (experiment, validate, step)
+
+
+def _is_sampling_report(span: dict[str, Any]) -> bool:
+    return span["name"] == semconv.SAMPLING_REPORT_SPAN and span["parent_span_id"] is None
+
+
+def sampling_reports(spans: Iterable[dict[str, Any]]) -> dict[StepKey, dict[str, int]]:
+    """The workers' sampling reports (``otel_verl.sampling_report`` spans) summed per step.
+
+    Returns:
+        ``{(experiment, validate, step): {"ran": .., "dropped": .., "over_budget": ..,
+        "kept.head": .., "kept.error": .., ...}}``; reports are increments, so they add up over
+        workers and flushes.
+    """
+    totals: dict[StepKey, dict[str, int]] = {}
+    seen: set[tuple[str, str]] = set()
+    prefix = "rollout.sampling."
+    for span in spans:
+        if not _is_sampling_report(span) or (span["trace_id"], span["span_id"]) in seen:
+            continue
+        seen.add((span["trace_id"], span["span_id"]))
+        attributes = span["attributes"]
+        key = (attributes.get(semconv.ROLLOUT_EXPERIMENT_NAME),
+               attributes.get(semconv.ROLLOUT_VALIDATE), attributes.get(semconv.ROLLOUT_STEP))
+        counts = totals.setdefault(key, {})
+        for name, value in attributes.items():
+            if name.startswith(prefix) and isinstance(value, int) and not isinstance(value, bool):
+                counts[name[len(prefix):]] = counts.get(name[len(prefix):], 0) + value
+    return totals
+
+
+@dataclass
+class StepStatistics:
+    """Per-step figures over the exported trajectories, weighted so they estimate every
+    trajectory that ran (see docs/sampling.md).
+
+    Attributes:
+        traced: exported trajectories of the step in the store.
+        by_reason: how many of them per ``rollout.sampling.reason``.
+        estimated: the sum of their weights: an estimate of how many trajectories ran.
+        reward_mean: the weighted mean reward (sum w*r / sum w over those with a reward).
+        reward_mean_unweighted: the plain mean over the exported ones (biased when tail rules
+            keep outliers and errors).
+        error_rate: the weighted share of trajectories with a span in error.
+        ran / dropped: what the workers' sampling reports say (None without reports).
+    """
+
+    experiment: Any
+    validate: Any
+    step: Any
+    traced: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    estimated: float = 0.0
+    reward_mean: float | None = None
+    reward_mean_unweighted: float | None = None
+    error_rate: float | None = None
+    ran: int | None = None
+    dropped: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def step_statistics(trajectories: Iterable[Trajectory],
+                    reports: dict[StepKey, dict[str, int]] | None = None) -> list[StepStatistics]:
+    """Per (experiment, validate, step): counts, weighted mean reward and error rate.
+
+    Only trajectories with their trajectory span count (a partial one has no weight).
+    """
+    acc: dict[StepKey, dict[str, Any]] = {}
+    for trajectory in trajectories:
+        if trajectory.root is None:
+            continue
+        key = (trajectory.experiment, trajectory.validate, trajectory.step)
+        a = acc.setdefault(key, {"n": 0, "reasons": {}, "w": 0.0, "wr": 0.0, "wsum_r": 0.0,
+                                 "r": [], "werr": 0.0})
+        weight = trajectory.sampling_weight
+        a["n"] += 1
+        reason = trajectory.sampling_reason or "unknown"
+        a["reasons"][reason] = a["reasons"].get(reason, 0) + 1
+        a["w"] += weight
+        if trajectory.errors:
+            a["werr"] += weight
+        reward = trajectory.reward
+        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            a["wr"] += weight * reward
+            a["wsum_r"] += weight
+            a["r"].append(float(reward))
+    reports = reports or {}
+    result = []
+    for key in sorted(set(acc) | set(reports), key=lambda k: tuple(repr(v) for v in k)):
+        found = acc.get(key)
+        stats = StepStatistics(*key)
+        if found is not None:
+            a = found
+            stats.traced = a["n"]
+            stats.by_reason = a["reasons"]
+            stats.estimated = a["w"]
+            stats.reward_mean = a["wr"] / a["wsum_r"] if a["wsum_r"] > 0 else None
+            stats.reward_mean_unweighted = sum(a["r"]) / len(a["r"]) if a["r"] else None
+            stats.error_rate = a["werr"] / a["w"] if a["w"] > 0 else None
+        report = reports.get(key)
+        if report is not None:
+            stats.ran, stats.dropped = report.get("ran", 0), report.get("dropped", 0)
+        result.append(stats)
+    return result

@@ -260,6 +260,7 @@ class ToolAgentLoop:
 
         num_turns = assistant_turns + user_turns + 1
         otel_verl.set_trajectory_attribute(semconv.ROLLOUT_NUM_TURNS, num_turns)
+        otel_verl.set_trajectory_attribute(semconv.ROLLOUT_TERMINATION, termination)
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,

@@ -94,6 +94,8 @@ class BaseTool:
         except Exception as exc:  # a tool must never crash the rollout
             response = ToolResponse(text=f"Error: {exc}", ok=False)
         _annotate_tool_span(self.name, call_id, arguments, response.text)
+        if not response.ok and otel_verl.is_recording():  # an error result (tail rule `errors`)
+            trace.get_current_span().set_attribute(semconv.ERROR_TYPE, "tool_error")
         return response
 
 
