@@ -19,7 +19,9 @@ Spans (all inside the caller's trajectory): ``ToolAgentLoop.run`` -> per turn th
 (``Gsm8kReward.compute_score``), computed inside ``run`` so the score is in the trace.
 ``run`` is the GenAI ``invoke_agent`` operation (``gen_ai.agent.name`` = ``agent_name``,
 ``gen_ai.conversation.id`` = the trajectory's request id, shared by its ``chat`` spans); the
-span keeps verl's name so the Weave tree matches verl's.
+span keeps verl's name so the Weave tree matches verl's. The trajectory span gets the prompt as
+its input and ``{"answer", "reward", "reward_label"}`` as its output, so a viewer's list of traces
+reads each trajectory at a glance.
 
 The tokenizer needs only ``apply_chat_template(messages, tools=..., add_generation_prompt=...,
 tokenize=False)``, ``encode(text, add_special_tokens=False)``, ``decode(ids,
@@ -179,6 +181,7 @@ class ToolAgentLoop:
         pending: list[FunctionCall] = []
         state = AgentState.GENERATING
         self._annotate_agent_span(request_id)
+        otel_verl.set_trajectory_input(kwargs["raw_prompt"])  # the root row's input: the prompt
 
         while state is not AgentState.TERMINATED:
             if state is AgentState.GENERATING:
@@ -259,6 +262,9 @@ class ToolAgentLoop:
                 user_turns += 1
                 state = AgentState.GENERATING
 
+        answer = next((m.get("content") for m in reversed(messages)
+                       if m.get("role") == "assistant"), None)
+        otel_verl.set_trajectory_output(answer=answer)  # + the reward, when it is recorded
         reward_score = None
         t_reward = 0.0
         ground_truth = _ground_truth(kwargs)
