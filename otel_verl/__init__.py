@@ -32,6 +32,8 @@ from otel_verl._trajectory import (
     record_reward,
     rollout_trace_attr,
     set_trajectory_attribute,
+    set_trajectory_input,
+    set_trajectory_output,
 )
 from otel_verl.semconv import SpanKindName
 
@@ -53,6 +55,8 @@ __all__ = [
     "semconv",
     "set_payload",
     "set_trajectory_attribute",
+    "set_trajectory_input",
+    "set_trajectory_output",
     "traceparent_headers",
     "use_context",
 ]

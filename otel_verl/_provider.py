@@ -58,10 +58,14 @@ if hasattr(os, "register_at_fork"):
 
 
 def build_resource(config: TraceConfig) -> Resource:
-    """service, project, experiment, host and pid, merged over ``OTEL_RESOURCE_ATTRIBUTES``."""
+    """service, project, experiment, host and pid, merged over ``OTEL_RESOURCE_ATTRIBUTES``.
+
+    The project is also ``openinference.project.name``: Phoenix files the spans under it.
+    """
     ours = Resource.create({
         semconv.SERVICE_NAME: config.service_name,
         semconv.ROLLOUT_PROJECT_NAME: config.project_name,
+        semconv.OPENINFERENCE_PROJECT_NAME: config.project_name,
         semconv.ROLLOUT_EXPERIMENT_NAME: config.experiment_name,
         semconv.HOST_NAME: socket.gethostname(),
         semconv.PROCESS_PID: os.getpid(),

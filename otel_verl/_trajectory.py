@@ -7,12 +7,22 @@ Usage::
         record_reward(1.0, label="correct")    # on the trajectory span
 
 ``is_recording()`` and ``get_tracer()`` let hand-made spans follow the same rules.
+
+What a viewer's list of traces shows for a trajectory (its root span): ``input.value`` = what the
+agent loop names with ``set_trajectory_input`` (the prompt), ``output.value`` = the outcome
+(``set_trajectory_output(answer=...)`` merged with the reward of ``record_reward``), written when
+the trajectory ends, through the payload rules. Every span inside also carries ``session.id`` (the
+GRPO group: experiment, step, sample index, so a viewer groups the n rollouts of one prompt) and
+``metadata`` (the trajectory attributes under verl's names, as JSON: Phoenix filters on
+``metadata['step']``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import contextvars
+import json
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -21,12 +31,40 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, semconv
-from otel_verl._capture import record_failure
+from otel_verl._capture import record_failure, set_payload
 from otel_verl._sampling import normalise_index, sampling_attributes
 from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 
 _NOOP_TRACER = otel_trace.NoOpTracer()
+#: the current trajectory's outcome (final answer, reward), written as its output at the end; a
+#: dict shared by reference with the asyncio tasks inside the trajectory
+_OUTCOME: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "otel_verl_trajectory_outcome", default=None)
+#: ``metadata`` keys: verl's names for the trajectory attributes
+_VERL_NAMES = {key: key.split(".", 1)[1] for key in semconv.TRAJECTORY_KEYS}
+
+
+def session_id(attrs: Mapping[str, Any]) -> str | None:
+    """The GRPO group of a trajectory: ``experiment/step-S/sample-I`` (``/validate`` appended for
+    validation rollouts); None without a step and a sample index."""
+    step = attrs.get(semconv.ROLLOUT_STEP)
+    sample = attrs.get(semconv.ROLLOUT_SAMPLE_INDEX)
+    if step is None or sample is None:
+        return None
+    sid = f"{attrs.get(semconv.ROLLOUT_EXPERIMENT_NAME)}/step-{step}/sample-{sample}"
+    return sid + "/validate" if attrs.get(semconv.ROLLOUT_VALIDATE) else sid
+
+
+def _viewer_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``session.id`` and ``metadata`` derived from the trajectory attributes."""
+    out: dict[str, Any] = {semconv.METADATA: json.dumps(
+        {_VERL_NAMES[k]: v for k, v in attrs.items() if k in _VERL_NAMES},
+        separators=(",", ":"), default=str)}
+    sid = session_id(attrs)
+    if sid is not None:
+        out[semconv.SESSION_ID] = sid
+    return out
 
 
 @contextlib.contextmanager
@@ -61,6 +99,7 @@ def rollout_trace_attr(
             attrs[key] = _index_attribute(value)
     attrs[semconv.ROLLOUT_VALIDATE] = validate if type(validate) is bool else _truth(validate)
     attrs[semconv.ROLLOUT_EXPERIMENT_NAME] = STATE.config.experiment_name
+    attrs.update(_viewer_attrs(attrs))
     enabled = trace if type(trace) is bool else _truth(trace)
     previous = TRAJECTORY.get()
     provisional = not enabled and runtime is not None and bool(runtime.config.tail_keep)
@@ -81,6 +120,8 @@ def rollout_trace_attr(
                                           provisional)})
     token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional))
     previous_context = otel_context.get_current()
+    outcome: dict[str, Any] = {}
+    outcome_token = _OUTCOME.set(outcome)
     ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
     try:
         yield span
@@ -90,8 +131,12 @@ def rollout_trace_attr(
     finally:
         if _restore(token, previous):
             otel_context.detach(ctx_token)
+            _OUTCOME.reset(outcome_token)
         else:  # exited from another context: the tokens belong to the first one
             otel_context.attach(previous_context)
+            _OUTCOME.set(None)
+        if outcome:
+            set_payload(span, output=outcome)
         span.end()
 
 
@@ -178,8 +223,34 @@ def record_reward(score: float, *, name: str = "reward", label: str | None = Non
             attrs[semconv.GEN_AI_EVALUATION_SCORE_LABEL] = label
         traj.span.set_attribute(semconv.ROLLOUT_REWARD, value)
         traj.span.add_event(semconv.GEN_AI_EVALUATION_RESULT, attrs)
+        outcome = _OUTCOME.get()
+        if outcome is not None:
+            outcome["reward"] = value
+            if label is not None:
+                outcome["reward_label"] = label
     except Exception as exc:
         _errors.internal_error(exc, "record_reward")
+
+
+def set_trajectory_input(value: Any) -> None:
+    """The trajectory span's ``input.value`` (e.g. the prompt's messages), by the payload rules.
+
+    What a trace list shows as the trajectory's input. Does nothing outside a recorded trajectory.
+    """
+    traj = TRAJECTORY.get()
+    if traj is not None and traj.span is not None:
+        set_payload(traj.span, input=value)
+
+
+def set_trajectory_output(**fields: Any) -> None:
+    """Merge ``fields`` (e.g. ``answer=...``) into the trajectory's outcome.
+
+    The outcome (with the reward of ``record_reward``) becomes the trajectory span's
+    ``output.value`` when the trajectory ends. Does nothing outside a recorded trajectory.
+    """
+    outcome = _OUTCOME.get()
+    if outcome is not None:
+        outcome.update(fields)
 
 
 def set_trajectory_attribute(key: str, value: Any) -> None:

@@ -56,6 +56,12 @@ INPUT_MIME_TYPE: Final = "input.mime_type"
 OUTPUT_VALUE: Final = "output.value"
 OUTPUT_MIME_TYPE: Final = "output.mime_type"
 MIME_JSON: Final = "application/json"
+#: groups traces into a session (Phoenix's Sessions view): a GRPO group (experiment, step, sample)
+SESSION_ID: Final = "session.id"
+#: free-form JSON object Phoenix shows as a span's metadata and filters on (``metadata['step']``)
+METADATA: Final = "metadata"
+#: resource attribute: the Phoenix project the spans land in (= ``rollout.project_name``)
+OPENINFERENCE_PROJECT_NAME: Final = "openinference.project.name"
 
 
 class SpanKindName:
@@ -88,6 +94,8 @@ GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
 GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
 GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
 GEN_AI_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"  # event name
 GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"

@@ -17,6 +17,11 @@ Spans (all inside the caller's trajectory): ``ToolAgentLoop.run`` -> per turn th
 ``generate`` (with its GenAI ``chat {model}`` child, parent of the engine's request span) ->
 ``HermesToolParser.extract_tool_calls`` -> ``BaseTool.execute`` per call -> the reward
 (``Gsm8kReward.compute_score``), computed inside ``run`` so the score is in the trace.
+``run`` is the GenAI ``invoke_agent`` operation (``gen_ai.agent.name`` = ``agent_name``,
+``gen_ai.conversation.id`` = the trajectory's request id, shared by its ``chat`` spans); the
+span keeps verl's name so the Weave tree matches verl's. The trajectory span gets the prompt as
+its input and ``{"answer", "reward", "reward_label"}`` as its output, so a viewer's list of traces
+reads each trajectory at a glance.
 
 The tokenizer needs only ``apply_chat_template(messages, tools=..., add_generation_prompt=...,
 tokenize=False)``, ``encode(text, add_special_tokens=False)``, ``decode(ids,
@@ -32,9 +37,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from opentelemetry import trace
+
 import otel_verl
 from otel_verl import semconv
-from otel_verl.rollout.clients import TokenOutput
+from otel_verl.rollout.clients import TokenOutput, chat_messages
 from otel_verl.rollout.parsers import FunctionCall, HermesToolParser
 from otel_verl.rollout.tools import BaseTool, ToolResponse
 
@@ -105,6 +112,7 @@ class ToolAgentLoop:
         max_tool_response_length / tool_response_truncate_side: tool text truncation.
         max_parallel_calls: tool calls executed per turn (the rest are dropped, like verl).
         turn_sampling: optional per-turn extra sampling parameters (see ``TurnSampling``).
+        agent_name: ``gen_ai.agent.name`` of the ``run`` span (default: the class name).
     """
 
     def __init__(
@@ -122,6 +130,7 @@ class ToolAgentLoop:
         tool_response_truncate_side: str = "middle",
         max_parallel_calls: int = 1,
         turn_sampling: TurnSampling | None = None,
+        agent_name: str | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -136,6 +145,7 @@ class ToolAgentLoop:
         self.tool_response_truncate_side = tool_response_truncate_side
         self.max_parallel_calls = max(1, max_parallel_calls)
         self.turn_sampling = turn_sampling
+        self.agent_name = agent_name or type(self).__name__
 
     # -- tokenizer helpers ------------------------------------------------------------------------
     def _render(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
@@ -170,6 +180,8 @@ class ToolAgentLoop:
         termination = ""
         pending: list[FunctionCall] = []
         state = AgentState.GENERATING
+        self._annotate_agent_span(request_id)
+        otel_verl.set_trajectory_input(kwargs["raw_prompt"])  # the root row's input: the prompt
 
         while state is not AgentState.TERMINATED:
             if state is AgentState.GENERATING:
@@ -179,9 +191,10 @@ class ToolAgentLoop:
                 if self.turn_sampling is not None:
                     sp.update(self.turn_sampling(assistant_turns, messages, kwargs) or {})
                 t0 = time.perf_counter()
-                out = await self.client.generate(
-                    request_id, prompt_ids=prompt_ids + response_ids, sampling_params=sp
-                )
+                with chat_messages(list(messages)):
+                    out = await self.client.generate(
+                        request_id, prompt_ids=prompt_ids + response_ids, sampling_params=sp
+                    )
                 t_generate += time.perf_counter() - t0
                 assistant_turns += 1
                 new_ids = list(out.token_ids)[:budget]
@@ -249,6 +262,9 @@ class ToolAgentLoop:
                 user_turns += 1
                 state = AgentState.GENERATING
 
+        answer = next((m.get("content") for m in reversed(messages)
+                       if m.get("role") == "assistant"), None)
+        otel_verl.set_trajectory_output(answer=answer)  # + the reward, when it is recorded
         reward_score = None
         t_reward = 0.0
         ground_truth = _ground_truth(kwargs)
@@ -283,6 +299,25 @@ class ToolAgentLoop:
                 "messages": messages,
             },
         )
+
+    def _annotate_agent_span(self, conversation_id: str) -> None:
+        """The GenAI ``invoke_agent`` attributes on ``run``'s span (when it records)."""
+        if not otel_verl.is_recording():
+            return
+        span = trace.get_current_span()
+        attrs: dict[str, Any] = {
+            semconv.GEN_AI_OPERATION_NAME: semconv.GenAIOperation.INVOKE_AGENT,
+            semconv.GEN_AI_AGENT_NAME: self.agent_name,
+            semconv.GEN_AI_CONVERSATION_ID: conversation_id,
+        }
+        provider = getattr(self.client, "provider", None)
+        model = getattr(self.client, "model", None)
+        if isinstance(provider, str):
+            attrs[semconv.GEN_AI_PROVIDER_NAME] = provider
+        if isinstance(model, str):
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+        span.set_attributes(attrs)
+        otel_verl.set_trajectory_attribute(semconv.GEN_AI_CONVERSATION_ID, conversation_id)
 
     async def _call_tool(self, call: FunctionCall, call_id: str) -> ToolResponse:
         """Run one parsed call; parse errors and unknown tools become error responses."""

@@ -25,6 +25,12 @@ client's ``generate`` the same way) and, inside it, a GenAI ``chat {model}`` spa
 (``gen_ai.request.*`` sampling parameters, ``gen_ai.usage.*``, ``gen_ai.response.finish_reasons``,
 ``openinference.span.kind = LLM``). The request is sent while that span is current, so the
 engine's own request span (vLLM ``llm_request``) becomes its child, in the trajectory's trace.
+With payload capture on (``capture_payloads``, the default), the chat span also carries
+``gen_ai.input.messages`` / ``gen_ai.output.messages`` in the GenAI JSON message format
+(``{"role", "parts": [{"type": "text"|"tool_call"|"tool_call_response", ...}]}``), through the
+same caps and redaction as ``input.value``. A token-in client sees only token ids: the caller
+names the conversation it continues with ``with chat_messages(messages): await client.generate(...)``
+(``ToolAgentLoop`` does), and the output text is the engine's text or the tokenizer's decoding.
 
 ``sampling_params`` keys understood (verl's names; unknown keys are ignored): ``max_tokens`` (or
 ``max_new_tokens``), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``,
@@ -36,9 +42,10 @@ translated to SGLang's ``regex``/``json_schema``/``ebnf``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +66,86 @@ __all__ = [
     "TokenOutput",
     "VLLMCompletionsClient",
     "VLLMGenerateClient",
+    "chat_messages",
+    "genai_input_messages",
+    "genai_output_messages",
 ]
+
+#: the chat history the next token-in ``generate`` continues (set by ``chat_messages``)
+_TURN_MESSAGES: contextvars.ContextVar[Sequence[Mapping[str, Any]] | None] = (
+    contextvars.ContextVar("otel_verl_turn_messages", default=None))
+
+
+@contextlib.contextmanager
+def chat_messages(messages: Sequence[Mapping[str, Any]]) -> Iterator[None]:
+    """Name the chat history (OpenAI-style messages) that the ``generate`` calls inside continue.
+
+    Token-in clients see only ids; with this, their ``chat`` span still records
+    ``gen_ai.input.messages``. Costs one ContextVar set; nothing is serialised unless recorded.
+    """
+    token = _TURN_MESSAGES.set(messages)
+    try:
+        yield
+    finally:
+        _TURN_MESSAGES.reset(token)
+
+
+def _tool_call_part(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    arguments: Any = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass  # keep the model's (invalid) text as it was
+    return {"type": "tool_call", "id": call.get("id"), "name": str(function.get("name", "")),
+            "arguments": arguments}
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # OpenAI content parts
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return "" if content is None else str(content)
+
+
+def genai_input_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-style chat messages in the GenAI semantic conventions' input-message format.
+
+    ``{"role": "user", "content": "hi"}`` -> ``{"role": "user", "parts": [{"type": "text",
+    "content": "hi"}]}``; assistant ``tool_calls`` -> ``tool_call`` parts (arguments parsed from
+    JSON where they are JSON); a ``tool`` message -> a ``tool_call_response`` part.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = str(message.get("role", "user"))
+        text = _text_of(message.get("content"))
+        parts: list[dict[str, Any]] = []
+        if role == "tool":
+            parts.append({"type": "tool_call_response", "id": message.get("tool_call_id"),
+                          "response": text})
+        elif text:
+            parts.append({"type": "text", "content": text})
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, Mapping):
+                parts.append(_tool_call_part(call))
+        out.append({"role": role, "parts": parts})
+    return out
+
+
+def genai_output_messages(text: str | None, finish_reason: str | None,
+                          tool_calls: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """One model answer (one choice) in the GenAI output-message format."""
+    parts: list[dict[str, Any]] = [{"type": "text", "content": text}] if text else []
+    parts += [_tool_call_part(call) for call in tool_calls if isinstance(call, Mapping)]
+    return [{"role": "assistant", "parts": parts, "finish_reason": finish_reason or "stop"}]
+
+
+def _capturing() -> bool:
+    return otel_verl.is_recording() and otel_verl.RolloutTraceConfig.get_config().capture_payloads
 
 
 class EngineError(RuntimeError):
@@ -165,8 +251,13 @@ class AsyncLLMClient:
 
     # -- tracing helpers -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _chat_span(self, sp: Mapping[str, Any], conversation_id: str | None) -> Iterator[Span]:
-        """The GenAI ``chat {model}`` CLIENT span; current while the request is sent."""
+    def _chat_span(self, sp: Mapping[str, Any], conversation_id: str | None,
+                   messages: Sequence[Mapping[str, Any]] | None = None) -> Iterator[Span]:
+        """The GenAI ``chat {model}`` CLIENT span; current while the request is sent.
+
+        ``messages`` (or, for token-in clients, the ones named by ``chat_messages``) become
+        ``gen_ai.input.messages`` when payloads are captured.
+        """
         attrs: dict[str, Any] = {}
         if otel_verl.is_recording():
             attrs = {
@@ -183,6 +274,11 @@ class AsyncLLMClient:
                 attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
             if conversation_id:
                 attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
+            if messages is None:
+                messages = _TURN_MESSAGES.get()
+            if messages is not None and _capturing():
+                attrs[semconv.GEN_AI_INPUT_MESSAGES] = otel_verl.payload_json(
+                    genai_input_messages(messages))
         tracer = otel_verl.get_tracer()
         with tracer.start_as_current_span(
             f"{GenAIOperation.CHAT} {self.model}",
@@ -202,10 +298,15 @@ class AsyncLLMClient:
         completion_tokens: int | None,
         response_id: str | None,
         response_model: str | None,
+        output_text: str | None = None,
+        tool_calls: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         if not span.is_recording():
             return
         attrs: dict[str, Any] = {}
+        if (output_text is not None or tool_calls) and _capturing():
+            attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = otel_verl.payload_json(
+                genai_output_messages(output_text, finish_reason, tool_calls))
         if finish_reason:
             attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [finish_reason]
         if prompt_tokens is not None:
@@ -264,8 +365,20 @@ class AsyncTokenClient(AsyncLLMClient):
                 else len(out.token_ids),
                 response_id=out.response_id,
                 response_model=self.model,
+                output_text=self._output_text(out) if _capturing() else None,
             )
         return out
+
+    def _output_text(self, out: TokenOutput) -> str | None:
+        """The answer's text: the engine's, else the tokenizer's decoding (None without either)."""
+        if out.text is not None:
+            return out.text
+        if self.tokenizer is None:
+            return None
+        try:
+            return str(self.tokenizer.decode(out.token_ids, skip_special_tokens=True))
+        except Exception:  # noqa: BLE001 - a tokenizer problem must not fail the generation
+            return None
 
     async def _generate(
         self,
@@ -473,7 +586,7 @@ class OpenAIChatClient(AsyncLLMClient):
             body["tool_choice"] = sampling_params.get("tool_choice", "auto")
         if so and self.provider != "sglang":
             body["structured_outputs"] = dict(so)
-        with self._chat_span(sampling_params, request_id) as span:
+        with self._chat_span(sampling_params, request_id, messages) as span:
             data = await self._post("/v1/chat/completions", body, self._request_headers())
             try:
                 choice = data["choices"][0]
@@ -497,5 +610,7 @@ class OpenAIChatClient(AsyncLLMClient):
                 completion_tokens=out.completion_tokens,
                 response_id=out.response_id,
                 response_model=data.get("model"),
+                output_text=out.content,
+                tool_calls=out.tool_calls,
             )
         return out

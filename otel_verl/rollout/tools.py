@@ -9,8 +9,9 @@ Usage::
 
 Every ``execute`` is a ``rollout_trace_op`` (span name ``BaseTool.execute``, as in verl) that also
 carries the GenAI tool attributes: ``gen_ai.operation.name =
-execute_tool``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.call.arguments`` and
-``gen_ai.tool.call.result``.
+execute_tool``, ``gen_ai.tool.name``, ``gen_ai.tool.type`` (``function``), ``gen_ai.tool.description``,
+``gen_ai.tool.call.id`` and, when payloads are captured, ``gen_ai.tool.call.arguments`` and
+``gen_ai.tool.call.result`` (through the payload caps and redaction).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class ToolResponse:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def _annotate_tool_span(name: str, call_id: str, arguments: Any, result: str) -> None:
+def _annotate_tool_span(name: str, description: str, call_id: str, arguments: Any,
+                        result: str) -> None:
     """Put the GenAI ``execute_tool`` attributes on the current (op) span when it records."""
     if not otel_verl.is_recording():
         return
@@ -49,7 +51,10 @@ def _annotate_tool_span(name: str, call_id: str, arguments: Any, result: str) ->
         semconv.GEN_AI_OPERATION_NAME: GenAIOperation.EXECUTE_TOOL,
         semconv.GEN_AI_TOOL_NAME: name,
         semconv.GEN_AI_TOOL_CALL_ID: call_id,
+        semconv.GEN_AI_TOOL_TYPE: "function",
     }
+    if description:
+        attrs[semconv.GEN_AI_TOOL_DESCRIPTION] = description
     if otel_verl.RolloutTraceConfig.get_config().capture_payloads:  # content is opt-out
         # same redaction and caps as input.value/output.value
         attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = (
@@ -93,7 +98,7 @@ class BaseTool:
             response = await self._run(arguments)
         except Exception as exc:  # a tool must never crash the rollout
             response = ToolResponse(text=f"Error: {exc}", ok=False)
-        _annotate_tool_span(self.name, call_id, arguments, response.text)
+        _annotate_tool_span(self.name, self.description, call_id, arguments, response.text)
         if not response.ok and otel_verl.is_recording():  # an error result (tail rule `errors`)
             trace.get_current_span().set_attribute(semconv.ERROR_TYPE, "tool_error")
         return response
