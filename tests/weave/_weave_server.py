@@ -69,6 +69,7 @@ class WeaveShim:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes
 
             def log_message(self, *args: Any) -> None:
                 pass
