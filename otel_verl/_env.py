@@ -23,6 +23,8 @@ OTEL_VERL_PROCESSOR: Final = "OTEL_VERL_PROCESSOR"
 OTEL_VERL_SPOOL_DIR: Final = "OTEL_VERL_SPOOL_DIR"
 OTEL_VERL_WEAVE_ENTITY: Final = "OTEL_VERL_WEAVE_ENTITY"
 OTEL_VERL_WEAVE_BASE_URL: Final = "OTEL_VERL_WEAVE_BASE_URL"
+#: ``calls`` (the Weave exporter) or ``otel`` (Weave's own OTel ingestion, /otel/v1/traces)
+OTEL_VERL_WEAVE_INGEST: Final = "OTEL_VERL_WEAVE_INGEST"
 #: the whole resolved configuration as JSON, set by ``RolloutTraceConfig.export_env()`` for
 #: worker processes (Ray runtime_env) and read by ``RolloutTraceConfig.init_from_env()``
 OTEL_VERL_CONFIG: Final = "OTEL_VERL_CONFIG"
@@ -38,3 +40,9 @@ OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
 OTEL_BSP_SCHEDULE_DELAY: Final = "OTEL_BSP_SCHEDULE_DELAY"
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+
+# the Weave exporter's own names (otel-weave-exporter reads them too, standalone)
+OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY: Final = "OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY"
+OTEL_EXPORTER_WEAVE_THREADS: Final = "OTEL_EXPORTER_WEAVE_THREADS"
+# wandb's own: the run id (``wandb.init`` honours a preset one)
+WANDB_RUN_ID: Final = "WANDB_RUN_ID"

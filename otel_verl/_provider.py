@@ -53,18 +53,37 @@ def build_exporter(config: TraceConfig) -> SpanExporter:
     if backend == "otlp":
         return _spooling(config, _otlp_exporter(config))
     if backend == "weave":
-        try:
-            from otel_weave_exporter import WeaveSpanExporter
-        except ImportError:
-            raise ConfigError("backend=weave needs the Weave exporter: "
-                              "pip install 'otel-verl[weave]' (package otel-weave-exporter)") from None
-        # the Weave exporter spools the calls it could not deliver itself (already translated,
-        # replayable with `python -m otel_weave_exporter replay`), so no second spool here
-        return WeaveSpanExporter(project=config.project_name, entity=config.weave_entity,
-                                 base_url=config.weave_base_url,
-                                 spool_dir=config.spool_dir or os.path.join(config.trace_dir,
-                                                                            "spool", "weave"))
+        return _weave_exporter(config)
     raise ConfigError(f"backend: no exporter for {backend!r}")
+
+
+def _weave_exporter(config: TraceConfig) -> SpanExporter:
+    """backend=weave: our exporter's calls (``weave_ingest=calls``), or the same spans through
+    Weave's own OTel ingestion (``otel``; spooled by the core like OTLP)."""
+    try:
+        import otel_weave_exporter
+    except ImportError:
+        raise ConfigError("backend=weave needs the Weave exporter: "
+                          "pip install 'otel-verl[weave]' (package otel-weave-exporter)") from None
+    common: dict[str, Any] = {
+        "project": config.project_name, "entity": config.weave_entity,
+        "base_url": config.weave_base_url, "threads": config.weave_threads,
+        "wandb_run_id": config.wandb_run_id,
+    }
+    if config.weave_ingest == "otel":
+        try:
+            exporter = otel_weave_exporter.WeaveOtlpSpanExporter(
+                timeout_s=config.export_timeout_s, **common)
+        except ImportError as exc:
+            raise ConfigError(f"weave_ingest=otel: {exc}") from None
+        return _spooling(config, exporter)
+    # the Weave exporter spools the calls it could not deliver itself (already translated,
+    # replayable with `python -m otel_weave_exporter replay`), so no second spool here
+    return otel_weave_exporter.WeaveSpanExporter(
+        keep_trajectory_spans=config.weave_keep_trajectory,
+        include_otel_attributes=config.weave_include_otel_attributes,
+        spool_dir=config.spool_dir or os.path.join(config.trace_dir, "spool", "weave"),
+        **common)
 
 
 def _otlp_exporter(config: TraceConfig) -> SpanExporter:

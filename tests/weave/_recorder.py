@@ -62,7 +62,10 @@ class Recorder:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for it (0.5 s by default, per test)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(r["body"]) for r in self.requests]

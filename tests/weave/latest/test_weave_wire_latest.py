@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
-pytestmark = pytest.mark.weave_latest
-
 from _common import API_KEY
 from _rollout import TRAJECTORIES, OtelDriver, calls_per_trajectory, otel_sdk_provider
+
 from otel_weave_exporter import WeaveSpanExporter
+
+pytestmark = pytest.mark.weave_latest
 
 ENTITY, PROJECT = "wire-ent", "wire-proj"
 

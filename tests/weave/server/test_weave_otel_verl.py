@@ -22,7 +22,7 @@ class ToolFailed(RuntimeError):
     pass
 
 
-from otel_verl import SpanKindName, get_tracer, rollout_trace_op
+from otel_verl import SpanKindName, get_tracer, rollout_trace_op  # noqa: E402 -- after importorskip
 
 
 class CalcTool:
@@ -110,3 +110,33 @@ def test_otel_verl_filters_and_failures(traced):
     assert len(failed) == 2  # one per trajectory of sample 3
     assert all(json.loads(c.exception)["type"] == "ToolFailed" for c in failed)
     assert all(c.op_name.endswith("execute") for c in failed)
+
+
+def test_backend_weave_through_weaves_own_otel_ingestion(weave_server, monkeypatch, tmp_path):
+    """``weave_ingest="otel"``: the same otel_verl rollout reaches Weave through its own
+    ``/otel/v1/traces`` mapping (one root per trajectory, threads, step attributes)."""
+    from otel_verl import RolloutTraceConfig, record_reward, rollout_trace_attr
+
+    monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    RolloutTraceConfig.init("proj", "exp-otel", backend="weave", weave_entity="ent",
+                            weave_base_url=weave_server.url, weave_ingest="otel",
+                            trace_dir=str(tmp_path / "traces"))
+    try:
+        assert type(RolloutTraceConfig.get_client()).__name__ == "SpoolingSpanExporter"
+        loop = ToolAgentLoop()
+        for step, sample_index, rollout_n in STEPS:
+            with rollout_trace_attr(sample_index=sample_index, step=step, rollout_n=rollout_n):
+                loop.run({"temperature": 1.0}, index=sample_index)
+                record_reward(0.25)
+        assert RolloutTraceConfig.flush(timeout_s=20)
+        stats = RolloutTraceConfig.stats()
+        assert stats["exported"] == len(STEPS) * 8 and not stats.get("export_failed")
+    finally:
+        RolloutTraceConfig.reset()
+    assert {r["path"] for r in weave_server.requests} == {"/otel/v1/traces"}
+    calls = weave_server.calls("ent/proj")
+    assert len(calls) == len(STEPS) * (1 + 1 + 2 * 2 + 2)
+    roots = weave_server.calls("ent/proj", trace_roots_only=True)
+    assert len(roots) == len(STEPS) and {r.op_name for r in roots} == {"rollout_trace"}
+    assert len({c.thread_id for c in calls}) == len(STEPS)
+    assert all(c.attributes["step"] == c.wb_run_step for c in calls if c.parent_id)

@@ -11,6 +11,7 @@ import json
 # every test here uses the weave_server fixture, which needs weave==0.52.42 + trace-server extras
 from _common import API_KEY
 from _rollout import TRAJECTORIES, OtelDriver, VerlWeaveDriver, otel_sdk_provider
+
 from otel_weave_exporter import WeaveSpanExporter
 
 VERL_PROJECT = "ent/verl"
@@ -113,5 +114,7 @@ def test_verl_weave_backend_and_otel_exporter_produce_the_same_calls(weave_serve
     assert all(c.thread_id for c in otel_calls)
     assert {c.op_name for c in otel_calls if c.turn_id} == {"AsyncLLMServerManager.generate"}
     # the server derives the same status for both
-    status = lambda calls: sorted(c.summary["weave"]["status"] for c in calls)
+    def status(calls):
+        return sorted(c.summary["weave"]["status"] for c in calls)
+
     assert status(verl_calls) == status(otel_calls)

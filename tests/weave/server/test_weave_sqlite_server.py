@@ -23,6 +23,7 @@ from _rollout import (
 )
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from otel_weave_exporter import WeaveSpanExporter, replay
 
 

@@ -12,6 +12,7 @@ from _common import API_KEY, PROJECT_ID
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from otel_weave_exporter import WeaveSpanExporter
 
 TIMEOUT_S = 0.6

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
+
 from otel_weave_exporter import WeaveSpanExporter
 from otel_weave_exporter._encode import encode_call, split_batches
 from otel_weave_exporter._exporter import resolve_config

@@ -11,6 +11,7 @@ import pytest
 from _common import API_KEY, PROJECT_ID
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
 from otel_weave_exporter import STATS_KEYS, WeaveSpanExporter, replay
 
 TRAJ = {"rollout.step": 4, "rollout.sample_index": 2, "rollout.rollout_n": 1,
