@@ -10,11 +10,15 @@ environment value logs a warning and falls back to the next source.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+import secrets
+import string
+import sys
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from otel_verl import _env
@@ -29,6 +33,8 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PROCESSORS = ("batch", "simple")
 #: the rules of ``tail_keep`` (see ``otel_verl._tail``)
 TAIL_RULES = ("errors", "truncated", "reward_outliers", "groups")
+#: how backend=weave delivers: the Weave exporter's calls, or Weave's own OTel ingestion
+WEAVE_INGEST = ("calls", "otel")
 
 VERL_TRACE_PREFIX = "actor_rollout_ref.rollout.trace."
 
@@ -74,6 +80,11 @@ class TraceConfig:
     tail_max_per_step_per_worker: int | None = None
     tail_buffer_bytes: int = 64 * 1024 * 1024
     tail_group_timeout_s: float = 300.0
+    weave_ingest: str = "calls"
+    weave_keep_trajectory: bool = True
+    weave_threads: bool = True
+    weave_include_otel_attributes: bool = True
+    wandb_run_id: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -448,6 +459,26 @@ _FIELDS: tuple[_Field, ...] = (
            (VERL_TRACE_PREFIX + "tail_group_timeout_s",),
            doc="an incomplete group is decided with the trajectories it has after this long",
            shown_default="300.0"),
+    _Field("weave_ingest", _choice(WEAVE_INGEST), (_env.OTEL_VERL_WEAVE_INGEST,),
+           (VERL_TRACE_PREFIX + "weave_ingest",),
+           doc='backend=weave path: `calls` (our exporter: complete calls) or `otel` (Weave\'s '
+               'own OTel ingestion, `/otel/v1/traces`); docs/weave.md compares them',
+           shown_default='`calls`'),
+    _Field("weave_keep_trajectory", _parse_bool, (_env.OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY,),
+           (VERL_TRACE_PREFIX + "weave_keep_trajectory",),
+           doc="the trajectory span is each trajectory's one root call; `false`: verl's shape "
+               "(the agent loop is the root; a reward span beside it is a second root)"),
+    _Field("weave_threads", _parse_bool, (_env.OTEL_EXPORTER_WEAVE_THREADS,),
+           (VERL_TRACE_PREFIX + "weave_threads",),
+           doc="Weave threads: `thread_id` = the trajectory, `turn_id` on each LLM turn"),
+    _Field("weave_include_otel_attributes", _parse_bool, (),
+           (VERL_TRACE_PREFIX + "weave_include_otel_attributes",),
+           doc="the span's other attributes, kind, scope and resource under `attributes.otel`"),
+    _Field("wandb_run_id", _parse_opt_str, (_env.WANDB_RUN_ID,),
+           (VERL_TRACE_PREFIX + "wandb_run_id",),
+           doc="the W&B run every Weave call links to (`wb_run_id`); when unset, `export_env()` "
+               "fixes one in the driver (a later `wandb.init` there uses it) for its workers",
+           shown_default="the active wandb run"),
 )
 FIELD_NAMES = tuple(f.name for f in _FIELDS)
 # OTEL_BSP_SCHEDULE_DELAY is in milliseconds (OTel spec); ours is seconds
@@ -455,6 +486,31 @@ _ENV_CONVERTERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "schedule_delay_s": (_env.OTEL_BSP_SCHEDULE_DELAY, _ms_to_s),
     "backend": (_env.OTEL_TRACES_EXPORTER, _parse_traces_exporter),
 }
+
+
+def with_wandb_run_id(config: TraceConfig,
+                      environ: MutableMapping[str, str] | None = None) -> TraceConfig:
+    """The driver's configuration with the W&B run its workers' Weave calls link to.
+
+    For ``backend=weave`` with no ``wandb_run_id``: the wandb run active in this process, else a
+    preset ``WANDB_RUN_ID``, else (wandb installed) a fresh id, written to ``WANDB_RUN_ID`` here so
+    that the driver's later ``wandb.init`` (verl starts it in ``fit()``, after the workers exist)
+    creates the run under that id. Called by ``RolloutTraceConfig.export_env()``.
+    """
+    if config.backend != "weave" or config.wandb_run_id:
+        return config
+    environ = os.environ if environ is None else environ
+    wandb = sys.modules.get("wandb")
+    run_id = str(getattr(getattr(wandb, "run", None), "id", None) or "") or \
+        environ.get(_env.WANDB_RUN_ID)
+    if not run_id:
+        if importlib.util.find_spec("wandb") is None:
+            return config  # no W&B here: nothing to link to
+        run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+        environ[_env.WANDB_RUN_ID] = run_id
+        _log.info("otel_verl: W&B run id fixed up front for the workers' Weave calls: %s "
+                  "(%s; wandb.init in this process will use it)", run_id, _env.WANDB_RUN_ID)
+    return dataclasses.replace(config, wandb_run_id=run_id)
 
 
 def has_worker_config(environ: Mapping[str, str] | None = None) -> bool:

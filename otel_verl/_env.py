@@ -36,6 +36,8 @@ OTEL_VERL_TAIL_REWARD_Z: Final = "OTEL_VERL_TAIL_REWARD_Z"
 OTEL_VERL_TAIL_MAX_PER_STEP_PER_WORKER: Final = "OTEL_VERL_TAIL_MAX_PER_STEP_PER_WORKER"
 OTEL_VERL_TAIL_BUFFER_BYTES: Final = "OTEL_VERL_TAIL_BUFFER_BYTES"
 OTEL_VERL_TAIL_GROUP_TIMEOUT_S: Final = "OTEL_VERL_TAIL_GROUP_TIMEOUT_S"
+#: ``calls`` (the Weave exporter) or ``otel`` (Weave's own OTel ingestion, /otel/v1/traces)
+OTEL_VERL_WEAVE_INGEST: Final = "OTEL_VERL_WEAVE_INGEST"
 #: the whole resolved configuration as JSON, set by ``RolloutTraceConfig.export_env()`` for
 #: worker processes (Ray runtime_env) and read by ``RolloutTraceConfig.init_from_env()``
 OTEL_VERL_CONFIG: Final = "OTEL_VERL_CONFIG"
@@ -51,3 +53,9 @@ OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
 OTEL_BSP_SCHEDULE_DELAY: Final = "OTEL_BSP_SCHEDULE_DELAY"
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+
+# the Weave exporter's own names (otel-weave-exporter reads them too, standalone)
+OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY: Final = "OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY"
+OTEL_EXPORTER_WEAVE_THREADS: Final = "OTEL_EXPORTER_WEAVE_THREADS"
+# wandb's own: the run id (``wandb.init`` honours a preset one)
+WANDB_RUN_ID: Final = "WANDB_RUN_ID"

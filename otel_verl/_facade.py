@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_verl import _env
-from otel_verl._config import TraceConfig, has_worker_config, resolve_config
+from otel_verl._config import TraceConfig, has_worker_config, resolve_config, with_wandb_run_id
 from otel_verl._sampling import TrajectorySampler
 from otel_verl._state import STATE, _half_millis
 
@@ -133,6 +133,9 @@ class RolloutTraceConfig:
             spool_dir=os.path.abspath(config.spool_dir) if config.spool_dir else None)
         if cls._instance is None:
             config = dataclasses.replace(config, backend="none")
+        # backend=weave: the W&B run the workers' calls link to, fixed here (the driver) when
+        # unset, also when wandb.init runs later (verl starts the run in fit())
+        config = with_wandb_run_id(config)
         return {_env.OTEL_VERL_CONFIG: config.to_json()}
 
     @classmethod

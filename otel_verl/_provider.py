@@ -96,18 +96,34 @@ def build_exporter(config: TraceConfig) -> SpanExporter:
 
 
 def _weave_exporter(config: TraceConfig) -> SpanExporter:
+    """backend=weave: our exporter's calls (``weave_ingest=calls``), or the same spans through
+    Weave's own OTel ingestion (``otel``). Either way the core's durable log sits in front
+    (``durable``)."""
     try:
-        from otel_weave_exporter import WeaveSpanExporter
+        import otel_weave_exporter
     except ImportError:
         raise ConfigError("backend=weave needs the Weave exporter: "
                           "pip install 'otel-verl[weave]' (package otel-weave-exporter)") from None
+    common: dict[str, Any] = {
+        "project": config.project_name, "entity": config.weave_entity,
+        "base_url": config.weave_base_url, "threads": config.weave_threads,
+        "wandb_run_id": config.wandb_run_id,
+    }
+    if config.weave_ingest == "otel":
+        try:
+            exporter = otel_weave_exporter.WeaveOtlpSpanExporter(
+                timeout_s=config.export_timeout_s, **common)
+        except ImportError as exc:
+            raise ConfigError(f"weave_ingest=otel: {exc}") from None
+        return exporter
     # with the durable log, the log keeps what Weave does not accept (and retries it): the
     # exporter's own spool would hold calls nothing retries automatically
     spool_dir = None if _durable(config) else (config.spool_dir or os.path.join(
         config.trace_dir, "spool", "weave"))
-    return WeaveSpanExporter(project=config.project_name, entity=config.weave_entity,
-                             base_url=config.weave_base_url, spool_dir=spool_dir)
-
+    return otel_weave_exporter.WeaveSpanExporter(
+        keep_trajectory_spans=config.weave_keep_trajectory,
+        include_otel_attributes=config.weave_include_otel_attributes,
+        spool_dir=spool_dir, **common)
 
 def _durable(config: TraceConfig) -> bool:
     return config.durable and config.processor == "batch"

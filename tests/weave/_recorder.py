@@ -18,6 +18,7 @@ class Recorder:
         self.statuses: list[int] = []
         self.retry_after: str | None = None
         self.validate_json = False  # answer 400 to a body that is not JSON
+        self.reject_marker: bytes | None = None  # answer 400 to a body that contains it
         self.reply_body: bytes = b"{}"  # what a 200 carries
         self.drop_keepalive = False  # close the connection after answering, without saying so
         self.hang = threading.Event()
@@ -26,6 +27,7 @@ class Recorder:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -44,6 +46,8 @@ class Recorder:
                         json.loads(raw)
                     except ValueError:
                         status = 400
+                if rec.reject_marker is not None and rec.reject_marker in raw:
+                    status = 400
                 body = rec.reply_body if status == 200 else json.dumps({"reason": "scripted"}).encode()
                 self.send_response(status)
                 if rec.retry_after and status in (429, 503):
@@ -58,7 +62,10 @@ class Recorder:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for it (0.5 s by default, per test)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(r["body"]) for r in self.requests]

@@ -83,7 +83,13 @@ TRAJECTORIES = [(1, 0, 0, False), (1, 0, 1, False), (1, 1, 0, True), (2, 0, 0, F
 
 
 def ops_per_trajectory() -> int:
+    """Ops of one trajectory (verl's calls: no call for the trajectory itself)."""
     return 1 + TURNS * 3 + 1
+
+
+def calls_per_trajectory() -> int:
+    """Calls our exporter writes per trajectory by default: the ops + the trajectory's root."""
+    return ops_per_trajectory() + 1
 
 
 class OtelDriver:

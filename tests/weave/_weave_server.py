@@ -25,6 +25,7 @@ from weave.trace_server.external_to_internal_trace_server_adapter import (
 from weave.trace_server.sqlite_trace_server import SqliteTraceServer
 
 _COMPLETE = re.compile(r"^/v2/([^/]+)/([^/]+)/calls/complete$")
+_OTEL = "/otel/v1/traces"
 
 
 class B64IdConverter(IdConverter):
@@ -61,6 +62,7 @@ class WeaveShim:
 
     def __init__(self, server: Any, api_key: str) -> None:
         self.server = server
+        self.api_key = api_key
         self.expected_auth = "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()
         self.faults: list[int] = []  # statuses to answer (in order) before serving normally
         self.requests: list[dict[str, Any]] = []  # path, auth, n calls, status
@@ -69,6 +71,7 @@ class WeaveShim:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -84,13 +87,28 @@ class WeaveShim:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 raw = self.rfile.read(length)
+                if self.path == _OTEL:
+                    try:
+                        status, body = shim._handle_otel(self.headers, raw)
+                    except Exception as exc:  # the server's own error: a 500, as hosted
+                        shim.requests.append({"path": _OTEL, "status": 500, "error": repr(exc)})
+                        status, body = 500, b""
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 status, doc = shim._handle(self.path, self.headers.get("Authorization"), raw)
                 self._answer(status, doc)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for it (0.5 s by default, per test)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def _handle(self, path: str, auth: str | None, raw: bytes) -> tuple[int, Any]:
         record: dict[str, Any] = {"path": path, "auth_ok": auth == self.expected_auth, "bytes": len(raw)}
@@ -121,6 +139,43 @@ class WeaveShim:
             self.server.calls_complete(req)
         record["status"] = 200
         return 200, {}
+
+    def _handle_otel(self, headers: Any, raw: bytes) -> tuple[int, bytes]:
+        """Weave's OTel ingestion route as the hosted service fronts it: auth by the
+        ``wandb-api-key`` header (or Basic), project from the ``project_id`` header (or the
+        ``wandb.entity`` / ``wandb.project`` resource attributes), protobuf body handed to the
+        server's own ``otel_export`` (its span -> call mapping)."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        record: dict[str, Any] = {"path": _OTEL, "bytes": len(raw)}
+        with self._lock:
+            self.requests.append(record)
+        key_ok = headers.get("wandb-api-key") == self.api_key
+        if not (key_ok or headers.get("Authorization") == self.expected_auth):
+            record["status"] = 401
+            return 401, b""
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(raw)
+        project_id = headers.get("project_id")
+        processed = []
+        for rs in req.resource_spans:
+            res = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
+            pid = project_id or f"{res.get('wandb.entity')}/{res.get('wandb.project')}"
+            entity, _, project = pid.partition("/")
+            processed.append(tsi.ProcessedResourceSpans(
+                entity=entity, project=project, run_id=None, resource_spans=rs))
+        if not processed:
+            return 200, ExportTraceServiceResponse().SerializeToString()
+        with self._lock:
+            res_doc = self.server.otel_export(tsi.OTelExportReq(
+                project_id=project_id or f"{processed[0].entity}/{processed[0].project}",
+                processed_spans=processed))
+        record["status"] = 200
+        record["partial_success"] = res_doc.partial_success
+        return 200, ExportTraceServiceResponse().SerializeToString()
 
     def __enter__(self) -> WeaveShim:
         self._thread.start()

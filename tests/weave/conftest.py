@@ -20,8 +20,8 @@ for _k, _v in {
 
 sys.path.insert(0, str(Path(__file__).parent))  # the _helpers next to this file
 
-from _common import API_KEY
-from _recorder import Recorder
+from _common import API_KEY  # noqa: E402 -- after the path insert above
+from _recorder import Recorder  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from _common import API_KEY
+from _rollout import TRAJECTORIES, OtelDriver, calls_per_trajectory, otel_sdk_provider
+
+from otel_weave_exporter import WeaveSpanExporter
 
 pytestmark = pytest.mark.weave_latest
-
-from _common import API_KEY
-from _rollout import TRAJECTORIES, OtelDriver, ops_per_trajectory, otel_sdk_provider
-from otel_weave_exporter import WeaveSpanExporter
 
 ENTITY, PROJECT = "wire-ent", "wire-proj"
 
@@ -42,7 +42,7 @@ def test_path_auth_project_and_body_shape(recorder):
     from weave.wandb_interface.auth import ApiKeyCredentials
 
     exporter = _record(recorder)
-    assert exporter.stats()["calls_sent"] == len(TRAJECTORIES) * ops_per_trajectory()
+    assert exporter.stats()["exported"] == len(TRAJECTORIES) * calls_per_trajectory()
     assert recorder.requests
     for req in recorder.requests:
         assert req["path"] == f"/v2/{ENTITY}/{PROJECT}/calls/complete"
@@ -52,7 +52,7 @@ def test_path_auth_project_and_body_shape(recorder):
         assert list(body) == ["batch"]
         assert all(call["project_id"] == f"{ENTITY}/{PROJECT}" for call in body["batch"])
     calls = recorder.calls()
-    assert len(calls) == len(TRAJECTORIES) * ops_per_trajectory()
+    assert len(calls) == len(TRAJECTORIES) * calls_per_trajectory()
     assert len({c["id"] for c in calls}) == len(calls)
 
 

@@ -22,7 +22,7 @@ class ToolFailed(RuntimeError):
     pass
 
 
-from otel_verl import SpanKindName, get_tracer, rollout_trace_op
+from otel_verl import SpanKindName, get_tracer, rollout_trace_op  # noqa: E402 -- after importorskip
 
 
 class CalcTool:
@@ -82,10 +82,10 @@ def traced(weave_server, monkeypatch, tmp_path):
 
 def test_otel_verl_rollouts_arrive_as_verl_shaped_calls(traced):
     calls = traced.calls("ent/proj")
-    per_traj = 1 + 2 * (1 + 1) + 2  # run, 2x (generate + chat), 2x execute
+    per_traj = 1 + 1 + 2 * (1 + 1) + 2  # trajectory, run, 2x (generate + chat), 2x execute
     assert len(calls) == len(STEPS) * per_traj
     roots = traced.calls("ent/proj", trace_roots_only=True)
-    assert len(roots) == len(STEPS) and {r.op_name for r in roots} == {"ToolAgentLoop.run"}
+    assert len(roots) == len(STEPS) and {r.op_name for r in roots} == {"rollout_trace"}
     by_id = {c.id: c for c in calls}
     for c in calls:
         assert c.attributes["experiment_name"] == "exp-ov"
@@ -93,7 +93,7 @@ def test_otel_verl_rollouts_arrive_as_verl_shaped_calls(traced):
         assert c.wb_run_step == c.attributes["step"]
         if c.op_name == f"chat {MODEL}":
             assert by_id[c.parent_id].op_name.endswith("generate")
-    run = roots[0]
+    (run,) = traced.calls("ent/proj", op_names=["ToolAgentLoop.run"], parent_ids=[roots[0].id])
     assert run.inputs["sampling_params"] == {"temperature": 1.0}
     assert run.output["num_turns"] == 4
     assert run.summary["usage"][MODEL]["prompt_tokens"] == 3 + 4
@@ -105,8 +105,38 @@ def test_otel_verl_filters_and_failures(traced):
     q = {"$eq": [{"$convert": {"input": {"$getField": "attributes.sample_index"}, "to": "int"}},
                  {"$literal": 3}]}
     hits = traced.calls("ent/proj", query=q)
-    assert len(hits) == 2 * 7 and {c.attributes["sample_index"] for c in hits} == {3}
+    assert len(hits) == 2 * 8 and {c.attributes["sample_index"] for c in hits} == {3}
     failed = [c for c in traced.calls("ent/proj") if c.exception]
     assert len(failed) == 2  # one per trajectory of sample 3
     assert all(json.loads(c.exception)["type"] == "ToolFailed" for c in failed)
     assert all(c.op_name.endswith("execute") for c in failed)
+
+
+def test_backend_weave_through_weaves_own_otel_ingestion(weave_server, monkeypatch, tmp_path):
+    """``weave_ingest="otel"``: the same otel_verl rollout reaches Weave through its own
+    ``/otel/v1/traces`` mapping (one root per trajectory, threads, step attributes)."""
+    from otel_verl import RolloutTraceConfig, record_reward, rollout_trace_attr
+
+    monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    RolloutTraceConfig.init("proj", "exp-otel", backend="weave", weave_entity="ent",
+                            weave_base_url=weave_server.url, weave_ingest="otel",
+                            trace_dir=str(tmp_path / "traces"))
+    try:
+        assert type(RolloutTraceConfig.get_client()).__name__ == "SpoolingSpanExporter"
+        loop = ToolAgentLoop()
+        for step, sample_index, rollout_n in STEPS:
+            with rollout_trace_attr(sample_index=sample_index, step=step, rollout_n=rollout_n):
+                loop.run({"temperature": 1.0}, index=sample_index)
+                record_reward(0.25)
+        assert RolloutTraceConfig.flush(timeout_s=20)
+        stats = RolloutTraceConfig.stats()
+        assert stats["exported"] == len(STEPS) * 8 and not stats.get("export_failed")
+    finally:
+        RolloutTraceConfig.reset()
+    assert {r["path"] for r in weave_server.requests} == {"/otel/v1/traces"}
+    calls = weave_server.calls("ent/proj")
+    assert len(calls) == len(STEPS) * (1 + 1 + 2 * 2 + 2)
+    roots = weave_server.calls("ent/proj", trace_roots_only=True)
+    assert len(roots) == len(STEPS) and {r.op_name for r in roots} == {"rollout_trace"}
+    assert len({c.thread_id for c in calls}) == len(STEPS)
+    assert all(c.attributes["step"] == c.wb_run_step for c in calls if c.parent_id)

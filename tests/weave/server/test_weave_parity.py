@@ -11,6 +11,7 @@ import json
 # every test here uses the weave_server fixture, which needs weave==0.52.42 + trace-server extras
 from _common import API_KEY
 from _rollout import TRAJECTORIES, OtelDriver, VerlWeaveDriver, otel_sdk_provider
+
 from otel_weave_exporter import WeaveSpanExporter
 
 VERL_PROJECT = "ent/verl"
@@ -76,7 +77,9 @@ def test_verl_weave_backend_and_otel_exporter_produce_the_same_calls(weave_serve
     monkeypatch.setenv("WEAVE_CLIENT_PARALLELISM", "0")
     _trace_verl_style(weave_server.server)
 
-    exporter = WeaveSpanExporter(project=OTEL_PROJECT, api_key=API_KEY, base_url=weave_server.url)
+    # verl's tree shape: no call for the trajectory (by default it is the root call; see below)
+    exporter = WeaveSpanExporter(project=OTEL_PROJECT, api_key=API_KEY, base_url=weave_server.url,
+                                 keep_trajectory_spans=False)
     with otel_sdk_provider(exporter) as tracer:
         driver = OtelDriver(tracer)
         for traj in TRAJECTORIES:
@@ -106,6 +109,12 @@ def test_verl_weave_backend_and_otel_exporter_produce_the_same_calls(weave_serve
     # wb_run_step: verl sets it only from an active wandb run; we set it from the step
     assert all(c.wb_run_step is None for c in verl_calls)
     assert all(c.wb_run_step == c.attributes["step"] for c in otel_calls)
+    # threads: a verl client sets none; we name the trajectory and mark each LLM turn
+    assert all(c.thread_id is None and c.turn_id is None for c in verl_calls)
+    assert all(c.thread_id for c in otel_calls)
+    assert {c.op_name for c in otel_calls if c.turn_id} == {"AsyncLLMServerManager.generate"}
     # the server derives the same status for both
-    status = lambda calls: sorted(c.summary["weave"]["status"] for c in calls)
+    def status(calls):
+        return sorted(c.summary["weave"]["status"] for c in calls)
+
     assert status(verl_calls) == status(otel_calls)

@@ -15,12 +15,15 @@ from _rollout import (
     MODEL,
     PROMPT_TOKENS,
     TRAJECTORIES,
+    TURNS,
     OtelDriver,
+    calls_per_trajectory,
     ops_per_trajectory,
     otel_sdk_provider,
 )
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from otel_weave_exporter import WeaveSpanExporter, replay
 
 
@@ -50,29 +53,25 @@ def _as_int(field):
 def loaded(weave_server):
     memory = InMemorySpanExporter()
     exporter = _send_all(weave_server, memory)
-    assert exporter.stats()["calls_failed"] == 0
+    assert exporter.stats()["export_failed"] == 0
     return weave_server, memory
 
 
 def test_call_tree_equals_span_tree(loaded):
     shim, memory = loaded
     spans = memory.get_finished_spans()
-    trajectory_ids = {s.context.span_id for s in spans if s.attributes.get("otel_verl.trajectory")}
-    expected = set()
-    for s in spans:
-        if s.context.span_id in trajectory_ids:
-            continue  # verl's weave backend has no call for the trajectory itself
-        parent = s.parent.span_id if s.parent is not None else None
-        parent = None if parent in trajectory_ids else parent
-        expected.add((
+    expected = {
+        (
             format(s.context.span_id, "016x"),
             format(s.context.trace_id, "032x"),
-            format(parent, "016x") if parent is not None else None,
+            format(s.parent.span_id, "016x") if s.parent is not None else None,
             s.name,
-        ))
+        )
+        for s in spans
+    }
     calls = shim.calls(PROJECT_ID)
     got = {(c.id, c.trace_id, c.parent_id, c.op_name) for c in calls}
-    assert len(calls) == len(TRAJECTORIES) * ops_per_trajectory()
+    assert len(calls) == len(TRAJECTORIES) * calls_per_trajectory()
     assert got == expected
     # every call kept its timing, inputs and output
     by_name = {c.op_name: c for c in calls}
@@ -85,9 +84,9 @@ def test_roots_only_one_per_trajectory(loaded):
     shim, _ = loaded
     roots = shim.calls(PROJECT_ID, trace_roots_only=True)
     assert len(roots) == len(TRAJECTORIES)
-    assert {r.op_name for r in roots} == {"ToolAgentLoop.run"}
+    assert {r.op_name for r in roots} == {"rollout_trace"}  # the trajectory span
     assert len({r.trace_id for r in roots}) == len(TRAJECTORIES)
-    # the reward set on the dropped trajectory span is carried onto its root call
+    # the reward set on the trajectory span after the run returned is on its root call
     assert all(r.attributes["reward"] == 1.0 for r in roots)
 
 
@@ -111,7 +110,7 @@ def test_attribute_filters_return_exactly_the_expected_calls(loaded, query, expe
     calls = shim.calls(PROJECT_ID, query=query)
     got = [(c.attributes["step"], c.attributes["sample_index"], c.attributes["rollout_n"]) for c in calls]
     assert set(got) == expected
-    assert len(got) == len(expected) * ops_per_trajectory()  # every call of those trajectories
+    assert len(got) == len(expected) * calls_per_trajectory()  # every call of those trajectories
     from weave.trace_server import trace_server_interface as tsi
 
     stats = shim.server.calls_query_stats(
@@ -145,7 +144,7 @@ def test_failing_tool_call_carries_its_exception(loaded):
     # its root shows "descendant error" (status counts rolled up, as the weave client does)
     roots = {c.attributes["sample_index"]: c for c in shim.calls(PROJECT_ID, trace_roots_only=True)}
     assert roots[1].summary["weave"]["status"] == "descendant_error"
-    assert roots[1].summary["status_counts"] == {"success": 7, "error": 1}
+    assert roots[1].summary["status_counts"] == {"success": 8, "error": 1}
     assert roots[0].summary["weave"]["status"] == "success"
 
 
@@ -161,15 +160,37 @@ def test_usage_summed_per_llm_call_and_rolled_up_to_the_root(loaded):
         assert usage["requests"] == len(PROMPT_TOKENS)
 
 
-def test_keep_trajectory_spans_makes_them_the_roots(weave_server):
-    _send_all(weave_server, keep_trajectory_spans=True)
+def test_verl_tree_shape_drops_the_trajectory_span(weave_server):
+    _send_all(weave_server, keep_trajectory_spans=False)
     roots = weave_server.calls(PROJECT_ID, trace_roots_only=True)
     assert len(roots) == len(TRAJECTORIES)
-    assert {r.op_name for r in roots} == {"rollout_trace"}
+    assert {r.op_name for r in roots} == {"ToolAgentLoop.run"}
+    # the reward of the dropped trajectory span is carried onto its root (same export batch)
     assert all(r.attributes["reward"] == 1.0 for r in roots)
-    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * (ops_per_trajectory() + 1)
-    # usage reaches the trajectory call too
+    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * ops_per_trajectory()
+    # usage reaches the root call too
     assert all(r.summary["usage"][MODEL]["requests"] == len(PROMPT_TOKENS) for r in roots)
+
+
+def test_threads_view_reads_each_trajectory_as_a_conversation(loaded):
+    """Weave's own thread query (``threads_query_stream``, what the Threads view lists): one
+    thread per trajectory, one turn per LLM call, turns in order; the thread's calls are the
+    trajectory's."""
+    from weave.trace_server import trace_server_interface as tsi
+
+    shim, _ = loaded
+    threads = list(shim.server.threads_query_stream(tsi.ThreadsQueryReq(project_id=PROJECT_ID)))
+    expected = {f"{EXPERIMENT}/step={s}/sample={i}/n={n}" for s, i, n, _ in TRAJECTORIES}
+    assert {t.thread_id for t in threads} == expected
+    assert all(t.turn_count == TURNS for t in threads)
+    calls = shim.calls(PROJECT_ID)
+    for t in threads:
+        mine = shim.calls(PROJECT_ID, thread_ids=[t.thread_id])
+        assert len(mine) == calls_per_trajectory()
+        turns = sorted((c for c in mine if c.turn_id == c.id), key=lambda c: c.started_at)
+        assert [c.op_name for c in turns] == ["AsyncLLMServerManager.generate"] * TURNS
+        assert t.first_turn_id == turns[0].id and t.last_turn_id == turns[-1].id
+    assert sum(1 for c in calls if c.turn_id) == len(TRAJECTORIES) * TURNS
 
 
 def test_retries_through_429_and_503_then_delivers(weave_server):
@@ -177,8 +198,8 @@ def test_retries_through_429_and_503_then_delivers(weave_server):
     exporter = _send_all(weave_server, backoff_initial_s=0.01)
     statuses = [r["status"] for r in weave_server.requests]
     assert statuses[:2] == [503, 429] and statuses[-1] == 200
-    assert exporter.stats()["calls_failed"] == 0
-    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * ops_per_trajectory()
+    assert exporter.stats()["export_failed"] == 0
+    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * calls_per_trajectory()
     assert all(r["auth_ok"] for r in weave_server.requests)
 
 
@@ -186,8 +207,8 @@ def test_small_request_cap_splits_batches_and_all_calls_arrive(weave_server):
     exporter = _send_all(weave_server, max_request_bytes=8_000, max_call_bytes=4_000)
     sizes = [r["bytes"] for r in weave_server.requests if r["status"] == 200]
     assert len(sizes) > 2 and max(sizes) <= 8_000
-    assert exporter.stats()["calls_sent"] == len(TRAJECTORIES) * ops_per_trajectory()
-    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * ops_per_trajectory()
+    assert exporter.stats()["exported"] == len(TRAJECTORIES) * calls_per_trajectory()
+    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * calls_per_trajectory()
 
 
 def test_oversized_call_is_shrunk_with_markers_and_accepted(weave_server):
@@ -199,7 +220,7 @@ def test_oversized_call_is_shrunk_with_markers_and_accepted(weave_server):
         "output.value": json.dumps({"text": "y" * 10}),
     }):
         pass
-    assert exporter.stats()["calls_truncated"] == 1
+    assert exporter.stats()["truncated"] == 1
     (call,) = weave_server.calls(PROJECT_ID)
     assert call.attributes["weave_exporter_truncated"] == ["inputs"]
     assert "truncated" in call.inputs["prompt"] and len(call.inputs["prompt"]) < 20_000
@@ -211,12 +232,12 @@ def test_undeliverable_calls_are_spooled_and_replayed(weave_server, tmp_path):
     spool = tmp_path / "spool"
     weave_server.faults = [500] * 1000
     exporter = _send_all(weave_server, spool_dir=str(spool), timeout_s=0.3, backoff_initial_s=0.05)
-    n = len(TRAJECTORIES) * ops_per_trajectory()
-    assert exporter.stats()["calls_failed"] == n and exporter.stats()["calls_spooled"] == n
+    n = len(TRAJECTORIES) * calls_per_trajectory()
+    assert exporter.stats()["export_failed"] == n and exporter.stats()["spooled"] == n
     assert weave_server.calls(PROJECT_ID) == []
     weave_server.faults = []
     counts = replay(spool, api_key=API_KEY, base_url=weave_server.url)
-    assert counts["calls_sent"] == n and counts["files_sent"] == counts["files"] >= 1
+    assert counts["exported"] == n and counts["files_sent"] == counts["files"] >= 1
     assert len(weave_server.calls(PROJECT_ID)) == n
     assert list(spool.glob("*.jsonl")) == [] and list(spool.glob("*.jsonl.sent"))
 
@@ -227,9 +248,9 @@ def test_weave_server_refusing_one_bad_call_keeps_the_others(weave_server):
         OtelDriver(tracer).run(1, 0, 0, False)
         tracer.start_span("bad", attributes={"output.value": "{oops",
                                              "output.mime_type": "application/json"}).end()
-    assert exporter.stats()["calls_failed"] == 1
+    assert exporter.stats()["export_failed"] == 1
     assert 400 in [r["status"] for r in weave_server.requests]  # weave's own model refused it
-    assert len(weave_server.calls(PROJECT_ID)) == ops_per_trajectory()
+    assert len(weave_server.calls(PROJECT_ID)) == calls_per_trajectory()
 
 
 def test_replay_command_line(weave_server, tmp_path):
@@ -240,7 +261,7 @@ def test_replay_command_line(weave_server, tmp_path):
     spool = tmp_path / "spool"
     weave_server.faults = [503] * 1000
     exporter = _send_all(weave_server, spool_dir=str(spool), timeout_s=0.2, backoff_initial_s=0.05)
-    assert exporter.stats()["calls_spooled"] == len(TRAJECTORIES) * ops_per_trajectory()
+    assert exporter.stats()["spooled"] == len(TRAJECTORIES) * calls_per_trajectory()
     weave_server.faults = []
     env = {**os.environ, "WANDB_API_KEY": API_KEY}
     done = subprocess.run(
@@ -248,5 +269,5 @@ def test_replay_command_line(weave_server, tmp_path):
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert f"calls_sent={len(TRAJECTORIES) * ops_per_trajectory()}" in done.stdout
-    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * ops_per_trajectory()
+    assert f"exported={len(TRAJECTORIES) * calls_per_trajectory()}" in done.stdout
+    assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * calls_per_trajectory()

@@ -28,14 +28,28 @@ OUTPUT_VALUE: Final = "output.value"
 OUTPUT_MIME_TYPE: Final = "output.mime_type"
 MIME_JSON: Final = "application/json"
 OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_KIND_LLM: Final = "LLM"
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+#: ``gen_ai.operation.name`` values of a model call (one LLM turn); ``invoke_agent``,
+#: ``execute_tool`` and the rest are not turns
+GEN_AI_LLM_OPERATIONS: Final = frozenset({"chat", "text_completion", "generate_content"})
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
 GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
-#: Weave's own OTel conventions, honoured when present
+#: Weave's own OTel conventions (what its ``/otel/v1/traces`` ingestion reads), honoured when
+#: present on a span and written by :class:`WeaveOtlpSpanExporter`
 WANDB_DISPLAY_NAME: Final = "wandb.display_name"
+WANDB_THREAD_ID: Final = "wandb.thread_id"
+WANDB_IS_TURN: Final = "wandb.is_turn"
+WANDB_WB_RUN_ID: Final = "wandb.wb_run_id"
+WANDB_WB_RUN_STEP: Final = "wandb.wb_run_step"
+WANDB_ATTRIBUTES_PREFIX: Final = "wandb.attributes."
+WANDB_RESOURCE_ENTITY: Final = "wandb.entity"
+WANDB_RESOURCE_PROJECT: Final = "wandb.project"
 
 #: consumed by the translation; never repeated under ``attributes.otel``
 CONSUMED_KEYS: Final = frozenset(
@@ -55,7 +69,10 @@ ENV_PROJECT: Final = "OTEL_EXPORTER_WEAVE_PROJECT"  # "project" or "entity/proje
 ENV_ENDPOINT: Final = "OTEL_EXPORTER_WEAVE_ENDPOINT"  # trace server base URL
 ENV_TIMEOUT: Final = "OTEL_EXPORTER_WEAVE_TIMEOUT"  # seconds, bound of one export()
 ENV_SPOOL_DIR: Final = "OTEL_EXPORTER_WEAVE_SPOOL_DIR"  # undeliverable calls go here
-ENV_KEEP_TRAJECTORY: Final = "OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY"  # "true": keep trajectory spans
+ENV_KEEP_TRAJECTORY: Final = "OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY"  # "false": verl's tree shape
+ENV_THREADS: Final = "OTEL_EXPORTER_WEAVE_THREADS"  # "false": no thread_id / turn_id
+#: wandb's own variable: the run the calls belong to (wandb.init honours a preset one too)
+WANDB_RUN_ID: Final = "WANDB_RUN_ID"
 WANDB_API_KEY: Final = "WANDB_API_KEY"
 WANDB_ENTITY: Final = "WANDB_ENTITY"
 WANDB_PROJECT: Final = "WANDB_PROJECT"

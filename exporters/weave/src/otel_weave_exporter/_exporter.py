@@ -20,12 +20,29 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_weave_exporter import _conventions as c
-from otel_weave_exporter._encode import batch_body, encode_call, split_batches
+from otel_weave_exporter._deliver import deliver
+from otel_weave_exporter._encode import encode_call
 from otel_weave_exporter._spool import Spool
 from otel_weave_exporter._translate import Translator
 from otel_weave_exporter._transport import HttpSender, basic_auth
 
 _log = logging.getLogger("otel_weave_exporter")
+
+#: ``stats()`` keys, the same names otel_verl's span processors use (one call per span)
+STATS_KEYS: tuple[str, ...] = (
+    "received",  # spans handed to export()
+    "exported",  # calls the server accepted
+    "export_failed",  # calls not delivered by export() (quarantined, spooled or lost)
+    "spooled",  # of those, written to the spool for replay
+    "quarantined",  # of those, refused by the server as invalid: kept aside, never retried
+    "spool_failed",  # of those, kept nowhere (no spool_dir, spool full, disk error): lost
+    "truncated",  # calls shrunk to fit max_call_bytes (delivered, marked)
+    "skipped",  # trajectory spans dropped by design (keep_trajectory_spans=False)
+    "translate_failed",  # spans whose translation raised (a bug of ours; logged)
+    "dropped_after_shutdown",  # spans handed to export() after shutdown()
+    "dropped_busy",  # spans refused because an export held the lock past timeout_s
+    "requests",  # HTTP requests sent, retries included
+)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -49,9 +66,16 @@ class ExporterConfig:
     backoff_max_s: float = 8.0
     max_request_bytes: int = c.MAX_REQUEST_BYTES
     max_call_bytes: int = c.MAX_CALL_BYTES
-    keep_trajectory_spans: bool = False
+    #: otel_verl's trajectory span is the trajectory's one root call (False: dropped, its
+    #: children become roots, verl's own tree shape)
+    keep_trajectory_spans: bool = True
     include_otel_attributes: bool = True
     summary_rollup: bool = True
+    #: thread_id = the trajectory, turn_id on each LLM turn (Weave's Threads view)
+    threads: bool = True
+    #: the W&B run the calls belong to (``run`` or ``entity/project/run``); else the wandb run
+    #: active in this process, if any
+    wandb_run_id: str | None = None
     spool_dir: str | None = None
     max_spool_bytes: int = 1 << 30
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -132,7 +156,8 @@ def default_entity(api_key: str, timeout_s: float = 5.0) -> str | None:
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             doc = json.loads(resp.read(1 << 20))
-        return ((doc.get("data") or {}).get("viewer") or {}).get("defaultEntity", {}).get("name")
+        name = ((doc.get("data") or {}).get("viewer") or {}).get("defaultEntity", {}).get("name")
+        return str(name) if name else None
     except Exception as exc:  # no network, bad key, odd answer: the caller raises a clear error
         _log.warning("otel-weave-exporter: could not read the default W&B entity: %s", exc)
         return None
@@ -186,8 +211,10 @@ def resolve_config(
 
     defaults: dict[str, Any] = {
         "timeout_s": _env_float(c.ENV_TIMEOUT, 10.0),
-        "keep_trajectory_spans": _env_bool(c.ENV_KEEP_TRAJECTORY, False),
+        "keep_trajectory_spans": _env_bool(c.ENV_KEEP_TRAJECTORY, True),
+        "threads": _env_bool(c.ENV_THREADS, True),
         "spool_dir": os.environ.get(c.ENV_SPOOL_DIR) or None,
+        "wandb_run_id": os.environ.get(c.WANDB_RUN_ID) or None,
     }
     merged = {**defaults, **options}
     for name in ("timeout_s", "request_timeout_s", "shutdown_timeout_s", "max_request_bytes",
@@ -231,6 +258,8 @@ class WeaveSpanExporter(SpanExporter):
             keep_trajectory_spans=cfg.keep_trajectory_spans,
             include_otel_attributes=cfg.include_otel_attributes,
             summary_rollup=cfg.summary_rollup,
+            threads=cfg.threads,
+            wandb_run_id=cfg.wandb_run_id,
         )
         self._sender = HttpSender(
             cfg.base_url,
@@ -243,22 +272,12 @@ class WeaveSpanExporter(SpanExporter):
         self._lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._closed = threading.Event()
-        self._stats = {
-            "spans": 0,  # spans handed to export()
-            "calls_sent": 0,  # calls the server accepted
-            "calls_failed": 0,  # calls not delivered (spooled or dropped)
-            "calls_spooled": 0,  # of those, written to the spool
-            "calls_truncated": 0,  # calls shrunk to fit max_call_bytes
-            "spans_skipped": 0,  # trajectory spans dropped by design
-            "spans_untranslatable": 0,  # spans whose translation raised (a bug; logged)
-            "spans_refused": 0,  # handed over after shutdown, or while an export held the lock too long
-            "requests": 0,
-        }
+        # the core's vocabulary (otel_verl's processors use the same keys); one call per span
+        self._stats = dict.fromkeys(STATS_KEYS, 0)
 
     # -- public -----------------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
-        """Counters since construction (a copy): spans, calls_sent, calls_failed, calls_spooled,
-        calls_truncated, spans_skipped, spans_untranslatable, spans_refused, requests."""
+        """Counters since construction (a copy), keyed as :data:`STATS_KEYS` describes."""
         with self._stats_lock:
             return dict(self._stats)
 
@@ -293,13 +312,16 @@ class WeaveSpanExporter(SpanExporter):
             finally:
                 self._lock.release()
         st = self.stats()
-        if st["calls_failed"] or st["spans_refused"]:
-            where = f"; spooled to {self.spool_path} ({st['calls_spooled']})" if self._spool else ""
+        refused = st["dropped_after_shutdown"] + st["dropped_busy"]
+        if st["export_failed"] or refused:
+            where = f"; {st['spooled']} spooled to {self.spool_path}" if self._spool else ""
             _log.warning(
-                "otel-weave-exporter: %d call(s) were not delivered to Weave%s; %d span(s) refused",
-                st["calls_failed"],
+                "otel-weave-exporter: %d call(s) were not delivered to Weave%s; %d quarantined as "
+                "invalid; %d span(s) refused",
+                st["export_failed"],
                 where,
-                st["spans_refused"],
+                st["quarantined"],
+                refused,
             )
 
     # -- internals --------------------------------------------------------------------------------
@@ -310,19 +332,16 @@ class WeaveSpanExporter(SpanExporter):
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._closed.is_set():
-            self._count(spans_refused=len(spans))
+            self._count(dropped_after_shutdown=len(spans))
             return SpanExportResult.FAILURE
         deadline = time.monotonic() + self.config.timeout_s
         if not self._lock.acquire(timeout=self.config.timeout_s):
-            self._count(spans_refused=len(spans))
+            self._count(dropped_busy=len(spans))
             return SpanExportResult.FAILURE
         try:
             parts, truncated, skipped, bad = self._encode(spans)
             self._count(
-                spans=len(spans),
-                calls_truncated=truncated,
-                spans_skipped=skipped,
-                spans_untranslatable=bad,
+                received=len(spans), truncated=truncated, skipped=skipped, translate_failed=bad
             )
             if not parts:
                 return SpanExportResult.SUCCESS if not bad else SpanExportResult.FAILURE
@@ -352,35 +371,30 @@ class WeaveSpanExporter(SpanExporter):
         return parts, truncated, skipped, bad
 
     def _deliver(self, parts: list[bytes], deadline: float) -> SpanExportResult:
-        """POST in request-sized batches. A batch refused as too large (413) or as invalid
-        (400/422: e.g. one payload that was declared JSON but is not) is halved and retried,
-        so one bad call costs only itself; the first batch that fails otherwise ends the export
-        and everything left is undeliverable."""
-        queue = list(split_batches(parts, self.config.max_request_bytes))
-        ok = True
-        while queue:
-            batch = queue.pop(0)
-            result = self._sender.send(self.config.path, batch_body(batch), deadline)
-            self._count(requests=result.attempts)
-            if result.ok:
-                self._count(calls_sent=len(batch))
-                continue
-            if (result.too_large or result.rejected) and len(batch) > 1:
-                half = len(batch) // 2
-                queue[:0] = [batch[:half], batch[half:]]
-                continue
-            ok = False
-            if result.rejected:  # this one call is bad; the others may go on
-                self._undeliverable(batch, result.error)
-                continue
-            failed = batch + [p for b in queue for p in b]
-            queue = []
-            self._undeliverable(failed, result.error)
+        """POST in request-sized batches (see ``_deliver``): one call the server refuses as
+        invalid costs only itself (quarantined); the first other failure ends the export and
+        everything left is spooled."""
+        done = deliver(self._sender, self.config.path, parts, self.config.max_request_bytes,
+                       deadline)
+        self._count(requests=done.requests, exported=done.sent)
+        if done.rejected:
+            kept = self._spool.quarantine(done.rejected) if self._spool is not None else 0
+            self._count(export_failed=len(done.rejected), quarantined=kept,
+                        spool_failed=len(done.rejected) - kept)
+            _log.warning(
+                "otel-weave-exporter: %d call(s) refused as invalid (%s); %d quarantined%s",
+                len(done.rejected), done.rejected[0][1][:300], kept,
+                f" in {self._spool.rejected_path}" if self._spool is not None else
+                " (no spool_dir set)",
+            )
+        if done.failed:
+            self._undeliverable(done.failed, done.error)
+        ok = not done.rejected and not done.failed
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def _undeliverable(self, parts: list[bytes], error: str) -> None:
         spooled = self._spool.write(parts) if self._spool is not None else 0
-        self._count(calls_failed=len(parts), calls_spooled=spooled)
+        self._count(export_failed=len(parts), spooled=spooled, spool_failed=len(parts) - spooled)
         _log.warning(
             "otel-weave-exporter: %d call(s) not delivered (%s); %d spooled%s",
             len(parts),

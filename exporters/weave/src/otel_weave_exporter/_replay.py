@@ -1,4 +1,10 @@
-"""Send spooled calls again (see ``_spool``)."""
+"""Send spooled calls again (see ``_spool``).
+
+A spool file always drains: calls the server accepts are delivered, a call it refuses on its own
+as invalid is moved to the file's quarantine (``weave-rejected-*.jsonl``), and when the server
+cannot be reached the calls not yet delivered stay in the file (rewritten to hold only them) for
+the next replay.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,12 @@ import logging
 import os
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
-from otel_weave_exporter._encode import batch_body, split_batches
+from otel_weave_exporter._deliver import deliver
 from otel_weave_exporter._exporter import resolve_config
-from otel_weave_exporter._spool import read_spool, spool_files
+from otel_weave_exporter._spool import read_spool, rejected_line, rejected_path_for, spool_files
 from otel_weave_exporter._transport import HttpSender, basic_auth
 
 _log = logging.getLogger("otel_weave_exporter")
@@ -24,19 +31,20 @@ def replay(
     timeout_s: float = 60.0,
     **options: Any,
 ) -> dict[str, int]:
-    """Deliver every spool file under ``directory``; a delivered file becomes ``*.jsonl.sent``.
+    """Deliver every spool file under ``directory``; a drained file becomes ``*.jsonl.sent``.
 
     Calls go to the project named in each call (``project_id``), with the key and server
     resolved like the exporter's (``WANDB_API_KEY``, ``OTEL_EXPORTER_WEAVE_ENDPOINT``, ...).
-    Returns counts: files, files_sent, calls_sent, calls_failed.
+    Returns counts: files, files_sent, exported, export_failed, quarantined.
     """
-    counts = {"files": 0, "files_sent": 0, "calls_sent": 0, "calls_failed": 0}
+    counts = {"files": 0, "files_sent": 0, "exported": 0, "export_failed": 0, "quarantined": 0}
     for path in spool_files(directory):
         counts["files"] += 1
         by_project: dict[str, list[bytes]] = defaultdict(list)
         for project_id, line in read_spool(path):
             by_project[project_id].append(line)
-        file_ok = True
+        left: list[bytes] = []
+        rejected: list[bytes] = []
         for project_id, parts in by_project.items():
             cfg = resolve_config(project_id, None, api_key, base_url, timeout_s=timeout_s, **options)
             sender = HttpSender(
@@ -44,19 +52,36 @@ def replay(
                 {"Authorization": basic_auth(cfg.api_key), **cfg.headers},
                 request_timeout_s=cfg.request_timeout_s,
             )
-            deadline = time.monotonic() + cfg.timeout_s
             try:
-                for batch in split_batches(parts, cfg.max_request_bytes):
-                    result = sender.send(cfg.path, batch_body(batch), deadline)
-                    if result.ok:
-                        counts["calls_sent"] += len(batch)
-                    else:
-                        counts["calls_failed"] += len(batch)
-                        file_ok = False
-                        _log.warning("replay of %s to %s failed: %s", path, project_id, result.error)
+                done = deliver(
+                    sender, cfg.path, parts, cfg.max_request_bytes, time.monotonic() + cfg.timeout_s
+                )
             finally:
                 sender.close()
-        if file_ok:
+            counts["exported"] += done.sent
+            rejected.extend(rejected_line(p, e) for p, e in done.rejected)
+            left.extend(done.failed)
+            if done.failed:
+                _log.warning("replay of %s to %s: %d call(s) left for later (%s)",
+                             path, project_id, len(done.failed), done.error)
+        if rejected:
+            _log.warning("replay of %s: %d call(s) refused as invalid, quarantined in %s",
+                         path, len(rejected), rejected_path_for(path))
+            with open(rejected_path_for(path), "ab") as fh:
+                fh.write(b"\n".join(rejected) + b"\n")
+            counts["quarantined"] += len(rejected)
+        counts["export_failed"] += len(left)
+        if left:
+            _rewrite(path, left)
+        else:
             os.replace(path, str(path) + ".sent")
             counts["files_sent"] += 1
     return counts
+
+
+def _rewrite(path: Path, lines: list[bytes]) -> None:
+    """Keep only ``lines`` in the spool file (atomically: a crash leaves the old or the new)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(b"\n".join(lines) + b"\n")
+    os.replace(tmp, path)

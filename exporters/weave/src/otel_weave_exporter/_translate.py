@@ -2,12 +2,12 @@
 
 The mapping (``docs/weave.md`` has the table):
 
-* ``id`` = span id (16 hex), ``trace_id`` = trace id (32 hex), ``parent_id`` = parent span id;
-  a span marked ``otel_verl.trajectory_child`` becomes a root (``parent_id`` None) because the
-  trajectory span itself is dropped, the tree shape verl's weave backend produces; ``rollout.*``
-  attributes only the trajectory span has (``rollout.reward``, set after the run returned) are
-  copied onto its children when both are in the same export batch. With
-  ``keep_trajectory_spans`` the trajectory span is a call too and nothing is re-parented.
+* ``id`` = span id (16 hex), ``trace_id`` = trace id (32 hex), ``parent_id`` = parent span id.
+  otel_verl's trajectory span (``otel_verl.trajectory``) is a call like any other span, so each
+  trajectory is exactly one root call carrying every ``rollout.*`` attribute (the reward
+  included), whatever the export batches. With ``keep_trajectory_spans=False`` (verl's own tree
+  shape) it is dropped instead and its direct children become roots; ``rollout.*`` attributes
+  only it has are copied onto them when both are in the same export batch.
 * ``op_name`` = the span name as a plain string (what Weave's own OTel ingestion does), shortened
   to 128 chars with a hash suffix when longer.
 * ``inputs`` / ``output`` from ``input.value`` / ``output.value``: text declared
@@ -21,7 +21,12 @@ The mapping (``docs/weave.md`` has the table):
   parent is exported later by the same exporter, as the weave client does for nested calls (the
   server derives "descendant error" from it).
 * ``exception`` from the last ``exception`` event (or the ERROR status description).
-* ``wb_run_step`` = ``rollout.step``; ``wb_run_id`` = the active wandb run, if any.
+* ``thread_id`` = the trajectory (:func:`thread_key`: experiment, step, sample, rollout), on
+  every call of it; ``turn_id`` = the call's own id on each LLM turn (the innermost model call:
+  a ``chat`` span inside a ``generate`` op is the turn, not both), so Weave's Threads view reads
+  a trajectory as a conversation.
+* ``wb_run_step`` = ``rollout.step``; ``wb_run_id`` = the configured run (``WANDB_RUN_ID``, as
+  handed to every process of a training run), else the wandb run active in this process.
 """
 
 from __future__ import annotations
@@ -109,6 +114,67 @@ def shorten(name: str, limit: int) -> str:
     return name[: limit - 6] + "…:" + digest  # 1-char ellipsis + ':' + 4 hex = 6 chars
 
 
+def full_run_id(run_id: str, entity: str, project: str) -> str:
+    """``entity/project/run`` as Weave stores ``wb_run_id`` (a bare run id is put in the
+    exporter's project, as the weave client does)."""
+    return run_id if run_id.count("/") == 2 else f"{entity}/{project}/{run_id.rsplit('/', 1)[-1]}"
+
+
+def thread_key(attrs: Mapping[str, Any]) -> str | None:
+    """The Weave ``thread_id`` of a span: its trajectory, named by otel_verl's ``rollout.*``
+    identity (``exp/step=3/sample=7/n=0``, ``/validate`` for validation rollouts), which every
+    span of a trajectory carries in any batch and any process; else the span's
+    ``gen_ai.conversation.id``; else None."""
+    step = attrs.get(c.ROLLOUT_STEP)
+    sample = attrs.get(c.ROLLOUT_SAMPLE_INDEX)
+    rollout_n = attrs.get(c.ROLLOUT_ROLLOUT_N)
+    if step is None and sample is None and rollout_n is None:
+        conv = attrs.get(c.GEN_AI_CONVERSATION_ID)
+        return str(conv)[:256] if conv else None
+    parts = [str(attrs.get(c.ROLLOUT_EXPERIMENT_NAME) or "")]
+    for label, value in (("step", step), ("sample", sample), ("n", rollout_n)):
+        if value is not None:
+            parts.append(f"{label}={value}")
+    if attrs.get(c.ROLLOUT_VALIDATE):
+        parts.append("validate")
+    return "/".join(parts)[:256]
+
+
+def is_llm_span(attrs: Mapping[str, Any]) -> bool:
+    """A model call: OpenInference kind LLM, or a GenAI ``chat``/completion operation."""
+    return (
+        attrs.get(c.OPENINFERENCE_SPAN_KIND) == c.OPENINFERENCE_KIND_LLM
+        or attrs.get(c.GEN_AI_OPERATION_NAME) in c.GEN_AI_LLM_OPERATIONS
+    )
+
+
+class TurnTracker:
+    """Which spans are LLM turns: model calls with no model call below them.
+
+    Children end (and reach the exporter) before their parents, so when a span arrives we know
+    whether a model call ran inside it. A ``chat`` span inside a ``generate`` op is the turn, not
+    both. Bounded; not thread-safe (the exporter calls it under its lock).
+    """
+
+    def __init__(self, max_entries: int = _ROLLUP_MAX) -> None:
+        self._llm_below: OrderedDict[int, None] = OrderedDict()
+        self._max = max_entries
+
+    def is_turn(self, span: ReadableSpan, attrs: Mapping[str, Any]) -> bool:
+        below = False
+        span_id = span.context.span_id
+        if self._llm_below and span_id in self._llm_below:
+            del self._llm_below[span_id]
+            below = True
+        llm = is_llm_span(attrs)
+        parent = span.parent
+        if (llm or below) and parent is not None and not parent.is_remote:
+            self._llm_below[parent.span_id] = None
+            if len(self._llm_below) > self._max:
+                self._llm_below.popitem(last=False)
+        return llm and not below
+
+
 def current_wandb_run_id() -> str | None:
     """The id of the wandb run active in this process, without importing wandb."""
     wandb = sys.modules.get("wandb")
@@ -134,9 +200,11 @@ class Translator:
         entity: str,
         project: str,
         *,
-        keep_trajectory_spans: bool = False,
+        keep_trajectory_spans: bool = True,
         include_otel_attributes: bool = True,
         summary_rollup: bool = True,
+        threads: bool = True,
+        wandb_run_id: str | None = None,
     ) -> None:
         self.entity = entity
         self.project = project
@@ -144,6 +212,9 @@ class Translator:
         self.keep_trajectory_spans = keep_trajectory_spans
         self.include_otel_attributes = include_otel_attributes
         self.summary_rollup = summary_rollup
+        self.threads = threads
+        self.wandb_run_id = full_run_id(wandb_run_id, entity, project) if wandb_run_id else None
+        self._turns = TurnTracker()
         # span id -> (usage by model, status counts) left by its finished children
         self._pending: OrderedDict[str, tuple[dict[str, dict[str, int]], dict[str, int]]] = (
             OrderedDict()
@@ -153,11 +224,15 @@ class Translator:
         self._trajectory_extras: dict[int, dict[str, Any]] = {}
 
     def begin_batch(self, spans: Sequence[ReadableSpan] = ()) -> None:
-        """Per-batch context, looked up once: the active wandb run, and the ``rollout.*``
-        attributes of the trajectory spans in this batch (they are dropped, so what only they
-        carry, e.g. ``rollout.reward`` set after the run returned, goes onto their children)."""
-        run_id = current_wandb_run_id()
-        self._wb_run_id = f"{self.entity}/{self.project}/{run_id}" if run_id else None
+        """Per-batch context, looked up once: the W&B run (configured, else active here), and
+        in ``keep_trajectory_spans=False`` mode the ``rollout.*`` attributes of the trajectory
+        spans in this batch (they are dropped, so what only they carry, e.g. ``rollout.reward``
+        set after the run returned, goes onto their children)."""
+        run_id = self.wandb_run_id
+        if run_id is None:
+            active = current_wandb_run_id()
+            run_id = full_run_id(active, self.entity, self.project) if active else None
+        self._wb_run_id = run_id
         self._trajectory_extras = {}
         if self.keep_trajectory_spans:
             return
@@ -285,6 +360,12 @@ class Translator:
         if usage:
             summary["usage"] = usage
 
+        thread_id = turn_id = None
+        if self.threads:
+            thread_id = thread_key(attrs)
+            if self._turns.is_turn(span, attrs) and thread_id is not None:
+                turn_id = span_id
+
         name = span.name
         op_name = shorten(name, c.MAX_OP_NAME_CHARS)
         if display is None and op_name != name:
@@ -305,6 +386,8 @@ class Translator:
             "output": output,
             "summary": summary,
             "exception": exception,
+            "thread_id": thread_id,
+            "turn_id": turn_id,
             "wb_run_id": self._wb_run_id,
             "wb_run_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
         }

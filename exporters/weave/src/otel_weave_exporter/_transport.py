@@ -85,6 +85,15 @@ class HttpSender:
                 )
             else:
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            self._conn.connect()
+            # headers and body go out in two writes: without TCP_NODELAY the body waits for the
+            # server's delayed ACK (~40 ms per request on Linux), which caps the export rate
+            sock = self._conn.sock
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    pass
         else:
             self._conn.timeout = timeout
             if self._conn.sock is not None:

@@ -12,6 +12,7 @@ from _common import API_KEY, PROJECT_ID
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from otel_weave_exporter import WeaveSpanExporter
 
 TIMEOUT_S = 0.6
@@ -44,7 +45,7 @@ def test_retryable_status_forever_fails_within_the_bound(recorder, status):
     elapsed = time.monotonic() - t0
     assert elapsed < TIMEOUT_S + 0.5
     assert len(recorder.requests) >= 2  # it did retry
-    assert exporter.stats()["calls_failed"] == 5 and exporter.stats()["calls_sent"] == 0
+    assert exporter.stats()["export_failed"] == 5 and exporter.stats()["exported"] == 0
     t0 = time.monotonic()
     exporter.shutdown()
     assert time.monotonic() - t0 < 1.5
@@ -57,7 +58,7 @@ def test_retry_after_is_honoured_and_then_succeeds(recorder):
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.SUCCESS
     assert time.monotonic() - t0 >= 0.3
-    assert len(recorder.requests) == 2 and exporter.stats()["calls_sent"] == 5
+    assert len(recorder.requests) == 2 and exporter.stats()["exported"] == 5
 
 
 def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(recorder):
@@ -67,7 +68,7 @@ def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(record
         t0 = time.monotonic()
         assert exporter.export(_spans(2)) is SpanExportResult.SUCCESS
         assert time.monotonic() - t0 < 1.5  # no 1.5-3 s backoff wait
-    assert exporter.stats()["calls_sent"] == 6 and len(recorder.requests) == 3
+    assert exporter.stats()["exported"] == 6 and len(recorder.requests) == 3
     assert exporter.stats()["requests"] == 5  # two attempts met the closed connection
 
 
@@ -86,9 +87,10 @@ def test_413_splits_the_batch(recorder):
     assert [len(b["batch"]) for b in recorder.bodies()] == [4, 2, 2]
 
 
-def test_a_call_the_server_refuses_costs_only_itself(recorder):
+def test_a_call_the_server_refuses_costs_only_itself(recorder, tmp_path):
     """A payload declared JSON that is not JSON is spliced as is; the server refuses the batch
-    (400) and the exporter halves it until only the bad call is left undelivered."""
+    (400) and the exporter halves it until only the bad call is left undelivered; that call is
+    quarantined (with the server's answer), not spooled for a replay that would fail forever."""
     recorder.validate_json = True
     spans = _spans(7)
     memory = InMemorySpanExporter()
@@ -97,9 +99,14 @@ def test_a_call_the_server_refuses_costs_only_itself(recorder):
     provider.get_tracer("t").start_span("bad", attributes={
         "output.value": "{oops", "output.mime_type": "application/json"}).end()
     batch = list(spans[:3]) + list(memory.get_finished_spans()) + list(spans[3:])
-    exporter = _exporter(recorder.url, timeout_s=5.0)
+    exporter = _exporter(recorder.url, timeout_s=5.0, spool_dir=str(tmp_path))
     assert exporter.export(batch) is SpanExportResult.FAILURE
-    assert exporter.stats()["calls_sent"] == 7 and exporter.stats()["calls_failed"] == 1
+    stats = exporter.stats()
+    assert stats["exported"] == 7 and stats["export_failed"] == 1 and stats["quarantined"] == 1
+    assert stats["spooled"] == 0 and not list(tmp_path.glob("weave-spool-*"))
+    (rejected,) = tmp_path.glob("weave-rejected-*.jsonl")
+    line = rejected.read_bytes().splitlines()
+    assert len(line) == 1 and b'"error":"HTTP 400' in line[0] and b'"op_name":"bad"' in line[0]
     delivered = [json.loads(r["body"]) for r in recorder.requests if _is_json(r["body"])]
     assert sorted(c["op_name"] for b in delivered for c in b["batch"]) == [f"op{i}" for i in range(7)]
     assert len(recorder.requests) <= 2 * 8
@@ -123,7 +130,7 @@ def test_server_that_never_answers(recorder):
     exporter.shutdown()
     assert time.monotonic() - t0 < 1.5
     assert exporter.export(_spans(1)) is SpanExportResult.FAILURE  # after shutdown
-    assert exporter.stats()["spans_refused"] == 1
+    assert exporter.stats()["dropped_after_shutdown"] == 1
 
 
 def test_shutdown_cuts_an_export_in_flight(recorder):
@@ -167,4 +174,4 @@ def test_the_rollout_thread_is_unaffected_by_a_dead_server(recorder):
     t0 = time.monotonic()
     provider.shutdown()  # the processor drains (bounded exports) then shuts the exporter
     assert time.monotonic() - t0 < 15
-    assert exporter.stats()["calls_sent"] == 0 and exporter.stats()["calls_failed"] > 0
+    assert exporter.stats()["exported"] == 0 and exporter.stats()["export_failed"] > 0

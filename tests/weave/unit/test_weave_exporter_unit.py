@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
+
 from otel_weave_exporter import WeaveSpanExporter
 from otel_weave_exporter._encode import encode_call, split_batches
 from otel_weave_exporter._exporter import resolve_config
@@ -161,7 +162,7 @@ def _trajectory(tracer):
 
 def test_translation_maps_ids_names_payloads_usage_and_errors():
     spans = _spans(_trajectory)
-    tr = Translator("e", "p")
+    tr = Translator("e", "p", keep_trajectory_spans=False)  # verl's own tree shape
     tr.begin_batch(spans)
     # children end (and are exported) first; compare the wire form (what the server parses)
     calls = [tr.translate(s) for s in spans]
@@ -209,22 +210,23 @@ def test_unmarked_child_of_a_trajectory_in_the_same_batch_becomes_a_root():
                 pass
 
     spans = _spans(build)
-    tr = Translator("e", "p")
+    tr = Translator("e", "p", keep_trajectory_spans=False)
     tr.begin_batch(spans)
     assert tr.translate(spans[0])["parent_id"] is None
-    alone = Translator("e", "p")  # the trajectory span in another batch: cannot be known
+    alone = Translator("e", "p", keep_trajectory_spans=False)  # trajectory span in another batch
     alone.begin_batch(spans[:1])
     assert alone.translate(spans[0])["parent_id"] == format(spans[1].context.span_id, "016x")
 
 
-def test_keep_trajectory_spans_keeps_parents():
+def test_the_trajectory_span_is_the_root_call_by_default():
     spans = _spans(_trajectory)
-    tr = Translator("e", "p", keep_trajectory_spans=True, include_otel_attributes=False)
+    tr = Translator("e", "p", include_otel_attributes=False)
     calls = {c["op_name"]: c for c in map(tr.translate, spans)}
     assert calls["rollout_trace"]["parent_id"] is None
     assert calls["ToolAgentLoop.run"]["parent_id"] == calls["rollout_trace"]["id"]
     assert "otel" not in calls["ToolAgentLoop.run"]["attributes"]
     assert calls["rollout_trace"]["summary"]["usage"]["m"]["requests"] == 1
+    assert calls["rollout_trace"]["attributes"]["reward"] == 0.5
 
 
 def test_error_status_without_event_and_long_names():
@@ -254,6 +256,17 @@ def test_wandb_run_linked_only_when_wandb_is_loaded(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", fake)
     tr.begin_batch()
     assert tr.translate(spans[0])["wb_run_id"] == "e/p/run42"
+    # a configured run (the trainer's, handed to every worker) wins, bare or in full
+    for configured, expected in (("abc", "e/p/abc"), ("E/P/abc", "E/P/abc")):
+        tr = Translator("e", "p", wandb_run_id=configured)
+        tr.begin_batch()
+        assert tr.translate(spans[0])["wb_run_id"] == expected
+
+
+def test_wandb_run_id_from_the_environment(monkeypatch):
+    monkeypatch.setenv("WANDB_RUN_ID", "fromenv")
+    assert resolve_config(project="e/p", api_key="k").wandb_run_id == "fromenv"
+    assert resolve_config(project="e/p", api_key="k", wandb_run_id="x").wandb_run_id == "x"
 
 
 def test_iso_time_is_exact():

@@ -1,0 +1,58 @@
+"""Send encoded calls in request-sized batches, isolating what the server refuses.
+
+Shared by the exporter and the spool replay, so both drain the same way: a batch refused as too
+large (413) or as invalid (400/422, e.g. one payload declared JSON that is not) is halved and the
+halves retried, down to the one call that is refused; that call is handed back as *rejected*
+(the caller quarantines it, never retries it). Any other failure (server down, 5xx past the
+deadline, 401) stops the delivery: that batch and everything after it come back as *failed*
+(worth retrying later).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from otel_weave_exporter._encode import batch_body, split_batches
+from otel_weave_exporter._transport import HttpSender
+
+
+@dataclass
+class Delivery:
+    sent: int = 0
+    requests: int = 0
+    #: (call, the server's answer) for each call refused on its own
+    rejected: list[tuple[bytes, str]] = field(default_factory=list)
+    #: calls not attempted or failed for a reason that may pass (retry later)
+    failed: list[bytes] = field(default_factory=list)
+    error: str = ""
+
+
+def deliver(
+    sender: HttpSender, path: str, parts: list[bytes], max_request_bytes: int, deadline: float
+) -> Delivery:
+    """POST ``parts`` to ``path`` before ``deadline`` (monotonic); never raises on HTTP errors."""
+    out = Delivery()
+    queue = list(split_batches(parts, max_request_bytes))
+    while queue:
+        batch = queue.pop(0)
+        if time.monotonic() >= deadline:
+            out.failed = batch + [p for b in queue for p in b]
+            out.error = out.error or "deadline passed"
+            break
+        result = sender.send(path, batch_body(batch), deadline)
+        out.requests += result.attempts
+        if result.ok:
+            out.sent += len(batch)
+            continue
+        if result.too_large or result.rejected:
+            if len(batch) > 1:
+                half = len(batch) // 2
+                queue[:0] = [batch[:half], batch[half:]]
+            else:
+                out.rejected.append((batch[0], result.error))
+            continue
+        out.failed = batch + [p for b in queue for p in b]
+        out.error = result.error
+        break
+    return out
