@@ -122,7 +122,7 @@ def test_backend_weave_through_weaves_own_otel_ingestion(weave_server, monkeypat
                             weave_base_url=weave_server.url, weave_ingest="otel",
                             trace_dir=str(tmp_path / "traces"))
     try:
-        assert type(RolloutTraceConfig.get_client()).__name__ == "SpoolingSpanExporter"
+        assert type(RolloutTraceConfig.get_client()).__name__ == "DurableSpanExporter"
         loop = ToolAgentLoop()
         for step, sample_index, rollout_n in STEPS:
             with rollout_trace_attr(sample_index=sample_index, step=step, rollout_n=rollout_n):
