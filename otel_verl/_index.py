@@ -44,7 +44,7 @@ from otel_verl.store import Trajectory, group_trajectories, list_files, spans_fr
 
 __all__ = ["TRAJECTORY_COLUMNS", "IndexStats", "StoreIndex", "default_index_path"]
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 #: the attribute the tail sampler sets: how many trajectories this one stands for
 SAMPLING_WEIGHT = getattr(semconv, "ROLLOUT_SAMPLING_WEIGHT", "rollout.sampling.weight")
 _EXCEPTION_TYPE = "exception.type"
@@ -91,7 +91,7 @@ CREATE TABLE IF NOT EXISTS files (
     lines INTEGER, bad_lines INTEGER, bad_spans INTEGER, pending_bytes INTEGER);
 CREATE TABLE IF NOT EXISTS spans (
     trace_id TEXT, span_id TEXT, parent TEXT, name TEXT, start_ns INTEGER, end_ns INTEGER,
-    status TEXT, status_message TEXT, attributes TEXT, resource TEXT, events TEXT, text TEXT,
+    status TEXT, status_message TEXT, data TEXT,
     PRIMARY KEY (trace_id, span_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS trace_lines (
     trace_id TEXT, file_id INTEGER, offset INTEGER,
@@ -282,25 +282,33 @@ def _compact(span: dict[str, Any]) -> tuple[Any, ...]:
                                 f"({_snippet(arguments, 300)}) -> {_snippet(result, 300)}", 700)
         if isinstance(output, str) and '"ok":false' in output.replace(" ", ""):
             text["tool_error"] = _snippet(result, 300)
+    data: dict[str, Any] = {"a": kept}
+    if resource:
+        data["r"] = resource
+    if events:
+        data["e"] = events
+    if text:
+        data["t"] = text
     return (
         span["trace_id"], span["span_id"], span["parent_span_id"], span["name"], span["start_ns"],
         span["end_ns"], span["status"]["code"], _snippet(span["status"]["message"], 500),
-        json.dumps(kept, default=str), json.dumps(resource, default=str),
-        json.dumps(events, default=str) if events else "", json.dumps(text) if text else "",
+        _dumps(data),
     )
+
+
+_dumps = json.JSONEncoder(default=str, separators=(",", ":")).encode
 
 
 def _span_of_row(row: tuple[Any, ...]) -> dict[str, Any]:
     """An index row back into a (partial) span dict the store's trajectory model accepts."""
-    (trace_id, span_id, parent, name, start_ns, end_ns, status, status_message, attributes,
-     resource, events, text) = row
+    trace_id, span_id, parent, name, start_ns, end_ns, status, status_message, data = row
+    data = json.loads(data)
     return {
         "trace_id": trace_id, "span_id": span_id, "parent_span_id": parent, "name": name,
         "start_ns": start_ns, "end_ns": end_ns, "kind": "INTERNAL",
-        "attributes": json.loads(attributes), "resource": json.loads(resource),
+        "attributes": data["a"], "resource": data.get("r", {}),
         "status": {"code": status, "message": status_message},
-        "events": json.loads(events) if events else [], "links": [],
-        "text": json.loads(text) if text else {},
+        "events": data.get("e", []), "links": [], "text": data.get("t", {}),
     }
 
 
@@ -410,8 +418,12 @@ class StoreIndex:
         self.generation = 0
         conn = self._conn()
         with conn:
-            conn.executescript(_SCHEMA)
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             version = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if version is None or version[0] != SCHEMA_VERSION:  # another layout: start over
+                for table in ("files", "spans", "trace_lines", "trajectories", "meta"):
+                    conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.executescript(_SCHEMA)
             if version is None or version[0] != SCHEMA_VERSION:
                 self._clear(conn)
 
@@ -550,8 +562,8 @@ class StoreIndex:
                 state.offset = offset
                 state.pending_bytes = len(carry)
                 with conn:
-                    conn.executemany("INSERT OR IGNORE INTO spans VALUES "
-                                     "(?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                    conn.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?)",
+                                     rows)
                     conn.executemany("INSERT OR IGNORE INTO trace_lines VALUES (?,?,?)", lines)
                     self._save_file(conn, state, size, problem)
             state.pending_bytes = len(carry)
@@ -750,7 +762,7 @@ class StoreIndex:
 
 
 def _row_dict(row: Iterable[Any], columns: Iterable[str] = TRAJECTORY_COLUMNS) -> dict[str, Any]:
-    out = dict(zip(columns, row))
+    out = dict(zip(columns, row, strict=True))
     if out["validate"] is not None:
         out["validate"] = bool(out["validate"])
     return out
