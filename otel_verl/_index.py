@@ -52,6 +52,8 @@ _EXCEPTION_MESSAGE = "exception.message"
 _SNIPPET = 400
 _SEARCH_TEXT = 4000
 _READ_BLOCK = 32 * 1024 * 1024
+#: decoded store lines kept for trajectory pages (a line is one exported batch, <= ~512 spans)
+_LINE_CACHE = 16
 _LLM_OPERATIONS = ("chat", "text_completion", "generate_content")
 
 #: attributes kept per span in the index (the rest stays in the store)
@@ -414,6 +416,8 @@ class StoreIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
         #: bumped whenever an update changed the trajectories (the viewer polls it)
         self.generation = 0
         conn = self._conn()
@@ -470,6 +474,8 @@ class StoreIndex:
             if self._needs_rebuild(known, paths):
                 with conn:
                     self._clear(conn)
+                with self._cache_lock:
+                    self._lines.clear()
                 known = {}
                 stats.rebuilt = True
             next_id = max((s.file_id for s in known.values()), default=0) + 1
@@ -748,17 +754,31 @@ class StoreIndex:
                 "SELECT file_id, offset FROM trace_lines WHERE trace_id = ? ORDER BY file_id, "
                 "offset", (trace_id,)):
             path = files.get(file_id)
-            if path is None:
-                continue
-            try:
-                with open(path, "rb") as handle:
-                    handle.seek(offset)
-                    raw = handle.readline()
-            except OSError:
-                continue
-            decoded, _, _ = _decode_line(raw)
-            spans.extend(s for s in decoded if s["trace_id"] == trace_id)
+            if path is not None:
+                spans.extend(s for s in self._line(path, offset) if s["trace_id"] == trace_id)
         return spans
+
+    def _line(self, path: str, offset: int) -> list[dict[str, Any]]:
+        """The decoded spans of one stored line; the last few are kept (the rollouts of a group
+        share their lines). Lines never change once complete: the store only appends."""
+        key = (path, offset)
+        with self._cache_lock:
+            cached = self._lines.pop(key, None)
+            if cached is not None:
+                self._lines[key] = cached  # most recent last
+                return cached
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                raw = handle.readline()
+        except OSError:
+            return []
+        decoded, _, _ = _decode_line(raw)
+        with self._cache_lock:
+            self._lines[key] = decoded
+            while len(self._lines) > _LINE_CACHE:
+                self._lines.pop(next(iter(self._lines)))
+        return decoded
 
 
 def _row_dict(row: Iterable[Any], columns: Iterable[str] = TRAJECTORY_COLUMNS) -> dict[str, Any]:

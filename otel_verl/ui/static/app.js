@@ -245,7 +245,9 @@
       if (liveEl) liveEl.textContent = fresh.problems.trajectories + ' trajectories · live';
       const name = parseHash().name;
       if (fresh.generation !== generation && (name === 'overview' || name === 'trajectories')
-          && location.hash === currentRoute && !document.querySelector('.keep-open[open]')) {
+          && location.hash === currentRoute && !document.querySelector('details[open]')
+          && !(document.activeElement && /^(INPUT|SELECT|TEXTAREA)$/.test(
+            document.activeElement.tagName))) {
         const y = window.scrollY;
         await render();
         window.scrollTo(0, y);
