@@ -147,6 +147,7 @@ def lint(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job: `otel-verl demo` against a vLLM CPU server it starts itself."""
     _install_engine(session)
+    session.install("-q", "-r", str(REQ / "ui-serve.txt"))  # the report's charts (plotly)
     session.run("otel-verl", "demo", *session.posargs, env=QUIET_ENV)
 
 

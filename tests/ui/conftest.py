@@ -70,6 +70,9 @@ def real_store(tmp_path_factory) -> Path:
                    "--val-prompts", str(VAL_PROMPTS), "--trace-dir", str(trace_dir),
                    "--no-progress", "--set", "actor_rollout_ref.rollout.trace.token2text=true")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    # the demo ends with its offline report and the command that opens the viewer
+    assert (trace_dir / "report.html").is_file(), done.stdout[-2000:]
+    assert f"python3 -m nox -s ui_serve -- --trace-dir {trace_dir}" in done.stdout
     print(f"\notel-verl demo wrote {trace_dir} in {time.monotonic() - started:.0f}s")
     edge_rollouts(trace_dir)
     return trace_dir
