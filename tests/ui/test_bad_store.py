@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
-from conftest import UIProcess, shot
 from playwright.sync_api import expect
+from uihelpers import UIProcess, shot
 
 from otel_verl.store import list_files
 
@@ -26,7 +27,7 @@ FOREIGN = {"resourceSpans": [{"resource": {"attributes": [
 def test_bad_store_is_shown_with_what_was_skipped(page, real_store, tmp_path, artifacts):
     store = tmp_path / "bad"
     shutil.copytree(real_store, store, ignore=shutil.ignore_patterns(".otel_verl_index"))
-    first = list_files(store)[0]
+    first = next(f for f in list_files(store) if b"otel_verl.trajectory" in Path(f).read_bytes())
     with open(first, "rb") as handle:
         lines = handle.read().splitlines(keepends=True)
     # a trace that lost its trajectory span: drop the trajectory spans from the first file

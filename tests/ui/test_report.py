@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from conftest import EDGE_EXPERIMENT, run_cli, shot
 from playwright.sync_api import expect
+from uihelpers import EDGE_EXPERIMENT, run_cli, shot
 
 from otel_verl import semconv
 from otel_verl.store import group_trajectories, read_spans

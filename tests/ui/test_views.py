@@ -10,8 +10,17 @@ import time
 from collections import defaultdict
 
 import pytest
-from conftest import EDGE_EXPERIMENT, PROMPTS, STEPS, VAL_PROMPTS, N, UIProcess, edge_rollouts, shot
 from playwright.sync_api import expect
+from uihelpers import (
+    EDGE_EXPERIMENT,
+    PROMPTS,
+    STEPS,
+    VAL_PROMPTS,
+    N,
+    UIProcess,
+    edge_rollouts,
+    shot,
+)
 
 from otel_verl import semconv
 from otel_verl.store import group_trajectories, read_spans
@@ -213,7 +222,6 @@ def test_compare_two_trajectories(page, ui, trajectories, artifacts):
 def test_planted_script_stays_text(page, ui, trajectories):
     t = next(t for t in trajectories if t.experiment == EDGE_EXPERIMENT and t.sample_index == 2)
     for route in (f"#/trajectory?key={t.trace_id}:{t.span_id}",
-                  f"#/trajectories?experiment={EDGE_EXPERIMENT}",
                   f"#/prompt?experiment={EDGE_EXPERIMENT}&sample_index=2"):
         page.goto(ui.url + route)
         expect(page.get_by_text("<script>window.__pwned=1</script>").first).to_be_visible()
