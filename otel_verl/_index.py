@@ -1,0 +1,832 @@
+"""An incremental SQLite index of the local store: one row per trajectory, ready for the viewer.
+
+Why SQLite (the standard library's ``sqlite3``) and not DuckDB: it ships with Python (the index
+adds no dependency to the core), it is made for many small incremental writes (a few new lines
+every second while a run writes) with readers in other threads (WAL mode), and the viewer's
+queries are aggregates over ~10^5 rows, which it answers in tens of milliseconds.
+
+The index lives beside the store (``<trace_dir>/.otel_verl_index/index.sqlite3``; when the store
+is not writable, under ``~/.cache/otel_verl/index``). It remembers, per file, the byte offset up to
+which complete lines were read, and on :meth:`StoreIndex.update` reads only what was appended. Each
+line is decoded by :func:`otel_verl.store.spans_from_otlp_json` (the store's own decoder), each span
+is reduced to what the viewer needs (ids, times, status, the trajectory attributes, usage, tool and
+reward attributes, exception messages, short text snippets) and kept in ``spans``; the traces that
+received spans are then regrouped with :func:`otel_verl.store.group_trajectories` (the store's own
+trajectory model) into the ``trajectories`` table. ``trace_lines`` remembers which lines hold a
+trace's spans, so a trajectory page re-reads only those lines. A file that shrank, vanished or was
+replaced makes the next update rebuild the index from scratch.
+
+Usage::
+
+    index = StoreIndex("otel_verl_traces")
+    index.update()                        # incremental; returns what it read
+    index.overview()                      # per experiment / validate / step aggregates
+    index.trajectories(step=3, order="reward", page_size=50)
+    index.trajectory_spans(trace_id)      # full span dicts of one trace, from the store
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_verl import semconv
+from otel_verl.store import Trajectory, group_trajectories, list_files, spans_from_otlp_json
+
+__all__ = ["TRAJECTORY_COLUMNS", "IndexStats", "StoreIndex", "default_index_path"]
+
+SCHEMA_VERSION = "2"
+#: the attribute the tail sampler sets: how many trajectories this one stands for
+SAMPLING_WEIGHT = getattr(semconv, "ROLLOUT_SAMPLING_WEIGHT", "rollout.sampling.weight")
+_EXCEPTION_TYPE = "exception.type"
+_EXCEPTION_MESSAGE = "exception.message"
+_SNIPPET = 400
+_SEARCH_TEXT = 4000
+_READ_BLOCK = 32 * 1024 * 1024
+#: decoded store lines kept for trajectory pages (a line is one exported batch, <= ~512 spans)
+_LINE_CACHE = 16
+_LLM_OPERATIONS = ("chat", "text_completion", "generate_content")
+
+#: attributes kept per span in the index (the rest stays in the store)
+_KEPT_ATTRIBUTES = (
+    *semconv.TRAJECTORY_KEYS,
+    semconv.ROLLOUT_PROJECT_NAME,
+    semconv.ROLLOUT_REWARD,
+    semconv.ROLLOUT_NUM_TURNS,
+    SAMPLING_WEIGHT,
+    semconv.OTEL_VERL_TRAJECTORY,
+    semconv.OPENINFERENCE_SPAN_KIND,
+    semconv.GEN_AI_OPERATION_NAME,
+    semconv.GEN_AI_USAGE_INPUT_TOKENS,
+    semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+    semconv.GEN_AI_TOOL_NAME,
+    semconv.GEN_AI_EVALUATION_NAME,
+    semconv.GEN_AI_EVALUATION_SCORE_VALUE,
+    semconv.GEN_AI_EVALUATION_SCORE_LABEL,
+    semconv.SERVICE_NAME,
+)
+_KEPT_RESOURCE = (semconv.ROLLOUT_PROJECT_NAME, semconv.ROLLOUT_EXPERIMENT_NAME,
+                  semconv.SERVICE_NAME)
+
+#: the columns of a trajectory row, in order (what the viewer's table and the report carry)
+TRAJECTORY_COLUMNS = (
+    "key", "trace_id", "span_id", "name", "project", "experiment", "step", "sample_index",
+    "rollout_n", "validate", "reward", "reward_label", "weight", "turns", "spans", "llm_calls",
+    "tokens_in", "tokens_out", "tool_calls", "tool_errors", "errors", "error", "start_ns",
+    "duration_ns", "llm_ns", "status", "prompt", "response",
+)
+_SORTABLE = {c for c in TRAJECTORY_COLUMNS if c not in ("prompt", "response", "error", "key")}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS files (
+    path TEXT PRIMARY KEY, file_id INTEGER UNIQUE, offset INTEGER, size INTEGER, head TEXT,
+    lines INTEGER, bad_lines INTEGER, bad_spans INTEGER, pending_bytes INTEGER);
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id TEXT, span_id TEXT, parent TEXT, name TEXT, start_ns INTEGER, end_ns INTEGER,
+    status TEXT, status_message TEXT, data TEXT,
+    PRIMARY KEY (trace_id, span_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS trace_lines (
+    trace_id TEXT, file_id INTEGER, offset INTEGER,
+    PRIMARY KEY (trace_id, file_id, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS trajectories (
+    key TEXT PRIMARY KEY, trace_id TEXT, span_id TEXT, name TEXT, project TEXT, experiment TEXT,
+    step INTEGER, sample_index INTEGER, rollout_n INTEGER, validate INTEGER, reward REAL,
+    reward_label TEXT, weight REAL, turns INTEGER, spans INTEGER, llm_calls INTEGER,
+    tokens_in INTEGER, tokens_out INTEGER, tool_calls INTEGER, tool_errors INTEGER,
+    errors INTEGER, error TEXT, start_ns INTEGER, duration_ns INTEGER, llm_ns INTEGER,
+    status TEXT, prompt TEXT, response TEXT, search TEXT);
+CREATE INDEX IF NOT EXISTS trajectories_trace ON trajectories (trace_id);
+CREATE INDEX IF NOT EXISTS trajectories_group
+    ON trajectories (experiment, step, sample_index, rollout_n);
+CREATE INDEX IF NOT EXISTS trajectories_sample ON trajectories (experiment, sample_index, step);
+"""
+
+
+@dataclass
+class IndexStats:
+    """What one :meth:`StoreIndex.update` read (and, in ``problems``, what the index skipped)."""
+
+    files: int = 0
+    new_bytes: int = 0
+    new_lines: int = 0
+    new_spans: int = 0
+    traces_updated: int = 0
+    seconds: float = 0.0
+    rebuilt: bool = False
+
+
+@dataclass
+class _FileState:
+    path: str
+    file_id: int
+    offset: int = 0
+    size: int = 0
+    head: str = ""
+    lines: int = 0
+    bad_lines: int = 0
+    bad_spans: int = 0
+    pending_bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def default_index_path(trace_dir: str | os.PathLike[str]) -> Path:
+    """Where the index of ``trace_dir`` lives: beside the store, or in the user cache when the
+    store's directory is not writable (e.g. a collector's read-only output)."""
+    store = Path(trace_dir).resolve()
+    base = store if store.is_dir() else store.parent
+    beside = base / ".otel_verl_index"
+    name = "index.sqlite3" if store.is_dir() else f"{store.name}.index.sqlite3"
+    if os.access(base, os.W_OK) and (not beside.exists() or os.access(beside, os.W_OK)):
+        return beside / name
+    digest = hashlib.sha256(str(store).encode()).hexdigest()[:16]
+    return Path.home() / ".cache" / "otel_verl" / "index" / f"{digest}.sqlite3"
+
+
+def _head(path: str) -> str:
+    """A fingerprint of a file's first bytes: a replaced file (same name) gets a new one."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read(256)).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def _snippet(text: Any, limit: int = _SNIPPET) -> str:
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = json.dumps(text, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _json_or_none(text: Any) -> Any:
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _message_text(message: Any) -> str:
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts
+        content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The user prompt and final answer a span's payloads show, when they show one.
+
+    Inputs with verl's row keys (``raw_prompt``) or a ``messages`` list give the prompt; outputs
+    with verl's ``extra_fields.messages`` (the whole conversation), token2text's
+    ``response_text``, or GenAI ``gen_ai.input/output.messages`` give the answer.
+    """
+    attributes = span["attributes"]
+    prompt = response = None
+    raw_in = attributes.get(semconv.INPUT_VALUE)
+    if isinstance(raw_in, str) and ('"raw_prompt"' in raw_in or '"messages"' in raw_in
+                                    or '"prompt"' in raw_in):
+        value = _json_or_none(raw_in)
+        if isinstance(value, dict):
+            kwargs = value.get("kwargs") if isinstance(value.get("kwargs"), dict) else value
+            messages = kwargs.get("raw_prompt") or kwargs.get("messages")
+            if isinstance(messages, list):
+                users = [_message_text(m) for m in messages
+                         if isinstance(m, dict) and m.get("role") == "user"]
+                if users:
+                    prompt = users[-1]
+            elif isinstance(kwargs.get("prompt"), str):
+                prompt = kwargs["prompt"]
+    raw_out = attributes.get(semconv.OUTPUT_VALUE)
+    if isinstance(raw_out, str) and ('"messages"' in raw_out or '"response_text"' in raw_out):
+        value = _json_or_none(raw_out)
+        if isinstance(value, dict):
+            messages = (value.get("extra_fields") or {}).get("messages") if isinstance(
+                value.get("extra_fields"), dict) else value.get("messages")
+            if isinstance(messages, list):
+                answers = [_message_text(m) for m in messages
+                           if isinstance(m, dict) and m.get("role") == "assistant"]
+                if answers:
+                    response = answers[-1]
+            if response is None and isinstance(value.get("response_text"), str):
+                response = value["response_text"]
+    for key, is_input in ((semconv.GEN_AI_INPUT_MESSAGES, True),
+                          (semconv.GEN_AI_OUTPUT_MESSAGES, False)):
+        raw = attributes.get(key)
+        if raw is None or (prompt if is_input else response) is not None:
+            continue
+        messages = _json_or_none(raw) if isinstance(raw, str) else raw
+        if isinstance(messages, list):
+            role = "user" if is_input else "assistant"
+            texts = [_message_text(m) or _parts_text(m) for m in messages
+                     if isinstance(m, dict) and m.get("role") == role]
+            if texts:
+                if is_input:
+                    prompt = texts[-1]
+                else:
+                    response = texts[-1]
+    return prompt, response
+
+
+def _parts_text(message: dict[str, Any]) -> str:
+    parts = message.get("parts")
+    if isinstance(parts, list):
+        return " ".join(str(p.get("content", "")) for p in parts if isinstance(p, dict))
+    return ""
+
+
+def _compact(span: dict[str, Any]) -> tuple[Any, ...]:
+    """A span reduced to the index's row (see ``spans`` in the schema)."""
+    attributes = span["attributes"]
+    kept = {k: attributes[k] for k in _KEPT_ATTRIBUTES if k in attributes}
+    resource = {k: span["resource"][k] for k in _KEPT_RESOURCE if k in span["resource"]}
+    events = []
+    for event in span["events"]:
+        ev = event["attributes"]
+        if event["name"] == semconv.GEN_AI_EVALUATION_RESULT:
+            events.append({"name": event["name"], "time_ns": event["time_ns"], "attributes": {
+                k: ev[k] for k in (semconv.GEN_AI_EVALUATION_NAME,
+                                   semconv.GEN_AI_EVALUATION_SCORE_VALUE,
+                                   semconv.GEN_AI_EVALUATION_SCORE_LABEL) if k in ev}})
+        elif _EXCEPTION_TYPE in ev or _EXCEPTION_MESSAGE in ev:
+            events.append({"name": event["name"], "time_ns": event["time_ns"], "attributes": {
+                _EXCEPTION_TYPE: _snippet(ev.get(_EXCEPTION_TYPE), 200),
+                _EXCEPTION_MESSAGE: _snippet(ev.get(_EXCEPTION_MESSAGE), 500)}})
+    text: dict[str, str] = {}
+    prompt, response = prompt_and_response(span)
+    if prompt is not None:
+        text["prompt"] = _snippet(prompt, 2000)
+    if response is not None:
+        text["response"] = _snippet(response, 2000)
+    if semconv.GEN_AI_TOOL_NAME in attributes or attributes.get(
+            semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.TOOL:
+        arguments = attributes.get(semconv.GEN_AI_TOOL_CALL_ARGUMENTS)
+        result = attributes.get(semconv.GEN_AI_TOOL_CALL_RESULT)
+        output = attributes.get(semconv.OUTPUT_VALUE)
+        if arguments is None:
+            arguments = attributes.get(semconv.INPUT_VALUE)
+        if result is None:
+            result = output
+        text["tool"] = _snippet(f"{attributes.get(semconv.GEN_AI_TOOL_NAME, span['name'])}"
+                                f"({_snippet(arguments, 300)}) -> {_snippet(result, 300)}", 700)
+        if isinstance(output, str) and '"ok":false' in output.replace(" ", ""):
+            text["tool_error"] = _snippet(result, 300)
+    data: dict[str, Any] = {"a": kept}
+    if resource:
+        data["r"] = resource
+    if events:
+        data["e"] = events
+    if text:
+        data["t"] = text
+    return (
+        span["trace_id"], span["span_id"], span["parent_span_id"], span["name"], span["start_ns"],
+        span["end_ns"], span["status"]["code"], _snippet(span["status"]["message"], 500),
+        _dumps(data),
+    )
+
+
+_dumps = json.JSONEncoder(default=str, separators=(",", ":")).encode
+
+
+def _span_of_row(row: tuple[Any, ...]) -> dict[str, Any]:
+    """An index row back into a (partial) span dict the store's trajectory model accepts."""
+    trace_id, span_id, parent, name, start_ns, end_ns, status, status_message, data = row
+    data = json.loads(data)
+    return {
+        "trace_id": trace_id, "span_id": span_id, "parent_span_id": parent, "name": name,
+        "start_ns": start_ns, "end_ns": end_ns, "kind": "INTERNAL",
+        "attributes": data["a"], "resource": data.get("r", {}),
+        "status": {"code": status, "message": status_message},
+        "events": data.get("e", []), "links": [], "text": data.get("t", {}),
+    }
+
+
+def is_llm_span(span: dict[str, Any]) -> bool:
+    """A model call made by the rollout (the GenAI client span), not the engine's own span."""
+    attributes = span["attributes"]
+    operation = attributes.get(semconv.GEN_AI_OPERATION_NAME)
+    if operation is not None:
+        return operation in _LLM_OPERATIONS
+    return attributes.get(semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.LLM
+
+
+def is_tool_span(span: dict[str, Any]) -> bool:
+    attributes = span["attributes"]
+    return (attributes.get(semconv.GEN_AI_OPERATION_NAME) == "execute_tool"
+            or attributes.get(semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.TOOL)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def reward_label(trajectory: Trajectory) -> str | None:
+    for span in trajectory.spans:
+        for event in span["events"]:
+            if event["name"] == semconv.GEN_AI_EVALUATION_RESULT:
+                label = event["attributes"].get(semconv.GEN_AI_EVALUATION_SCORE_LABEL)
+                if label is not None:
+                    return str(label)
+        label = span["attributes"].get(semconv.GEN_AI_EVALUATION_SCORE_LABEL)
+        if label is not None:
+            return str(label)
+    return None
+
+
+def first_error(trajectory: Trajectory) -> str | None:
+    """The first error's message: an exception event, else an error status."""
+    for span in trajectory.spans:
+        for event in span["events"]:
+            ev = event["attributes"]
+            if _EXCEPTION_TYPE in ev or _EXCEPTION_MESSAGE in ev:
+                return f"{ev.get(_EXCEPTION_TYPE, 'exception')}: {ev.get(_EXCEPTION_MESSAGE, '')}"
+        if span["status"]["code"] == "ERROR":
+            return span["status"]["message"] or f"{span['name']} failed"
+    return None
+
+
+def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
+    llm = [s for s in t.spans if is_llm_span(s)]
+    tools = [s for s in t.spans if is_tool_span(s)]
+    tool_errors = sum(1 for s in tools if s["status"]["code"] == "ERROR"
+                      or "tool_error" in s.get("text", {}))
+    tokens_in = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_INPUT_TOKENS)) or 0 for s in llm)
+    tokens_out = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)) or 0
+                     for s in llm)
+    llm_ns = sum((s["end_ns"] or 0) - (s["start_ns"] or 0) for s in llm
+                 if s["end_ns"] is not None and s["start_ns"] is not None)
+    prompt = response = None
+    search = []
+    for span in t.spans:
+        text = span.get("text") or {}
+        if prompt is None and "prompt" in text:
+            prompt = text["prompt"]
+        if "response" in text:
+            response = text["response"]
+        if "tool" in text:
+            search.append(text["tool"])
+    error = first_error(t)
+    if error:
+        search.append(error)
+    weight = _number(t.attribute(SAMPLING_WEIGHT))
+    validate = t.validate
+    turns = _int(t.num_turns)
+    search_text = "\n".join([prompt or "", response or "", *search])[:_SEARCH_TEXT]
+    return (
+        f"{t.trace_id}:{t.span_id or ''}", t.trace_id, t.span_id or "", t.name,
+        _snippet(t.attribute(semconv.ROLLOUT_PROJECT_NAME), 200),
+        t.experiment if isinstance(t.experiment, str) else None,
+        _int(t.step), _int(t.sample_index), _int(t.rollout_n),
+        int(validate) if isinstance(validate, bool) else None,
+        _number(t.reward), reward_label(t), weight if weight is not None else 1.0,
+        turns, len(t.spans), len(llm), tokens_in, tokens_out, len(tools), tool_errors,
+        len(t.errors), _snippet(error, 500) if error else None, t.start_ns, t.duration_ns,
+        llm_ns, t.status, _snippet(prompt, _SNIPPET) if prompt else None,
+        _snippet(response, _SNIPPET) if response else None, search_text.lower(),
+    )
+
+
+class StoreIndex:
+    """The index of one store (a directory, or one file). Thread-safe: one connection per
+    thread; :meth:`update` runs under a lock (one writer)."""
+
+    def __init__(self, trace_dir: str | os.PathLike[str],
+                 index_path: str | os.PathLike[str] | None = None) -> None:
+        self.trace_dir = os.fspath(trace_dir)
+        self.path = Path(index_path) if index_path is not None else default_index_path(trace_dir)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        #: bumped whenever an update changed the trajectories (the viewer polls it)
+        self.generation = 0
+        conn = self._conn()
+        with conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            version = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if version is None or version[0] != SCHEMA_VERSION:  # another layout: start over
+                for table in ("files", "spans", "trace_lines", "trajectories", "meta"):
+                    conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.executescript(_SCHEMA)
+            if version is None or version[0] != SCHEMA_VERSION:
+                self._clear(conn)
+
+    # -- connections -------------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA cache_size=-65536")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _clear(self, conn: sqlite3.Connection) -> None:
+        for table in ("files", "spans", "trace_lines", "trajectories", "meta"):
+            conn.execute(f"DELETE FROM {table}")
+        conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+
+    # -- building ----------------------------------------------------------------------------
+    def update(self) -> IndexStats:
+        """Read what was appended to the store since the last update; regroup touched traces.
+
+        Never raises for bad content: undecodable lines and spans are counted per file (see
+        :meth:`problems`); a last line without its newline is left for the next update.
+        """
+        with self._write_lock:
+            started = time.perf_counter()
+            stats = IndexStats()
+            conn = self._conn()
+            try:
+                paths = list_files(self.trace_dir)
+            except FileNotFoundError:
+                paths = []
+            known = {row[0]: _FileState(*row) for row in conn.execute(
+                "SELECT path, file_id, offset, size, head, lines, bad_lines, bad_spans, "
+                "pending_bytes FROM files")}
+            if self._needs_rebuild(known, paths):
+                with conn:
+                    self._clear(conn)
+                with self._cache_lock:
+                    self._lines.clear()
+                known = {}
+                stats.rebuilt = True
+            next_id = max((s.file_id for s in known.values()), default=0) + 1
+            dirty: set[str] = set()
+            for path in paths:
+                state = known.get(path)
+                if state is None:
+                    state = _FileState(path, next_id, head=_head(path))
+                    next_id += 1
+                try:
+                    size = os.path.getsize(path)
+                except OSError:
+                    continue
+                stats.files += 1
+                if size == state.offset + state.pending_bytes and path in known:
+                    continue
+                if not state.head:
+                    state.head = _head(path)
+                self._read_file(conn, state, size, stats, dirty)
+            stats.traces_updated = self._regroup(conn, dirty)
+            if dirty:
+                self.generation += 1
+            stats.seconds = time.perf_counter() - started
+            return stats
+
+    def _needs_rebuild(self, known: dict[str, _FileState], paths: list[str]) -> bool:
+        present = set(paths)
+        for path, state in known.items():
+            if path not in present:
+                return True
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                return True
+            if size < state.offset or (state.offset and _head(path) != state.head):
+                return True
+        return False
+
+    def _read_file(self, conn: sqlite3.Connection, state: _FileState, size: int,
+                   stats: IndexStats, dirty: set[str]) -> None:
+        try:
+            handle = open(state.path, "rb")  # noqa: SIM115 - closed below
+        except OSError as error:
+            state.bad_lines += 1
+            self._save_file(conn, state, size, f"{state.path}: {error}")
+            return
+        problem = None
+        with handle:
+            handle.seek(state.offset)
+            carry = b""
+            offset = state.offset
+            while True:
+                block = handle.read(_READ_BLOCK)
+                if not block:
+                    break
+                data = carry + block
+                end = data.rfind(b"\n")
+                if end < 0:
+                    carry = data
+                    continue
+                carry = data[end + 1:]
+                line_start = offset
+                rows: list[tuple[Any, ...]] = []
+                lines: list[tuple[str, int, int]] = []
+                for raw in data[: end + 1].split(b"\n")[:-1]:
+                    here = line_start
+                    line_start += len(raw) + 1
+                    stats.new_lines += 1
+                    state.lines += 1
+                    if not raw.strip():
+                        continue
+                    spans, bad, why = _decode_line(raw)
+                    if why is not None:
+                        state.bad_lines += 1
+                        problem = problem or f"{state.path}: line {state.lines}: {why}"
+                        continue
+                    if bad:
+                        state.bad_spans += bad
+                        problem = problem or f"{state.path}: line {state.lines}: {bad} bad span(s)"
+                    seen: set[str] = set()
+                    for span in spans:
+                        rows.append(_compact(span))
+                        if span["trace_id"] not in seen:
+                            seen.add(span["trace_id"])
+                            lines.append((span["trace_id"], state.file_id, here))
+                    dirty.update(seen)
+                offset = line_start
+                stats.new_bytes += offset - state.offset
+                stats.new_spans += len(rows)
+                state.offset = offset
+                state.pending_bytes = len(carry)
+                with conn:
+                    conn.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?)",
+                                     rows)
+                    conn.executemany("INSERT OR IGNORE INTO trace_lines VALUES (?,?,?)", lines)
+                    self._save_file(conn, state, size, problem)
+            state.pending_bytes = len(carry)
+            self._save_file(conn, state, size, problem)
+            conn.commit()
+
+    def _save_file(self, conn: sqlite3.Connection, state: _FileState, size: int,
+                   problem: str | None) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?)",
+            (state.path, state.file_id, state.offset, size, state.head, state.lines,
+             state.bad_lines, state.bad_spans, state.pending_bytes))
+        if problem:
+            conn.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                         (f"problem:{state.path}", problem))
+
+    def _regroup(self, conn: sqlite3.Connection, dirty: set[str]) -> int:
+        """Recompute the trajectory rows of the traces that received spans."""
+        ordered = sorted(dirty)
+        for start in range(0, len(ordered), 400):
+            batch = ordered[start: start + 400]
+            marks = ",".join("?" * len(batch))
+            rows = conn.execute(
+                f"SELECT * FROM spans WHERE trace_id IN ({marks})", batch).fetchall()
+            trajectories = group_trajectories(_span_of_row(r) for r in rows)
+            with conn:
+                conn.execute(f"DELETE FROM trajectories WHERE trace_id IN ({marks})", batch)
+                conn.executemany(
+                    f"INSERT OR REPLACE INTO trajectories VALUES ({','.join('?' * 29)})",
+                    [_row_of_trajectory(t) for t in trajectories])
+        return len(ordered)
+
+    # -- queries -----------------------------------------------------------------------------
+    def problems(self) -> dict[str, Any]:
+        """What the index skipped or could only show in part."""
+        conn = self._conn()
+        files = conn.execute(
+            "SELECT count(*), coalesce(sum(lines),0), coalesce(sum(bad_lines),0), "
+            "coalesce(sum(bad_spans),0), coalesce(sum(pending_bytes > 0),0), "
+            "coalesce(sum(offset),0) FROM files").fetchone()
+        partial = conn.execute(
+            "SELECT count(*) FROM trajectories WHERE span_id = ''").fetchone()[0]
+        total = conn.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+        spans = conn.execute("SELECT count(*) FROM spans").fetchone()[0]
+        first = [r[0] for r in conn.execute(
+            "SELECT value FROM meta WHERE key LIKE 'problem:%' LIMIT 5")]
+        return {
+            "files": files[0], "lines": files[1], "bad_lines": files[2], "bad_spans": files[3],
+            "files_with_incomplete_last_line": files[4], "bytes": files[5],
+            "trajectories": total, "partial_trajectories": partial, "spans": spans,
+            "examples": first,
+        }
+
+    def experiments(self) -> list[str]:
+        return [r[0] for r in self._conn().execute(
+            "SELECT DISTINCT experiment FROM trajectories WHERE experiment IS NOT NULL "
+            "ORDER BY experiment")]
+
+    def overview(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        """Per (experiment, validate, step): weighted reward mean / pass rate / spread, counts."""
+        where, params = ("WHERE experiment IS ?", [experiment]) if experiment else ("", [])
+        sql = f"""
+            SELECT experiment, validate, step, count(*), sum(weight),
+                   sum(weight * reward) / nullif(sum(CASE WHEN reward IS NOT NULL
+                                                      THEN weight END), 0),
+                   sum(weight * reward * reward) / nullif(sum(CASE WHEN reward IS NOT NULL
+                                                              THEN weight END), 0),
+                   sum(CASE WHEN reward > 0 THEN weight ELSE 0 END)
+                       / nullif(sum(CASE WHEN reward IS NOT NULL THEN weight END), 0),
+                   min(reward), max(reward), avg(turns), sum(weight * tokens_in) / sum(weight),
+                   sum(weight * tokens_out) / sum(weight), sum(tool_calls), sum(tool_errors),
+                   avg(duration_ns), max(duration_ns), sum(errors > 0), avg(llm_ns),
+                   count(DISTINCT sample_index), sum(span_id = '')
+            FROM trajectories {where}
+            GROUP BY experiment, validate, step ORDER BY experiment, validate, step"""
+        out = []
+        for r in self._conn().execute(sql, params):
+            mean, mean_sq = r[5], r[6]
+            std = math.sqrt(max(mean_sq - mean * mean, 0.0)) if mean is not None else None
+            out.append({
+                "experiment": r[0], "validate": None if r[1] is None else bool(r[1]),
+                "step": r[2], "trajectories": r[3], "weight": r[4], "reward_mean": mean,
+                "reward_std": std, "pass_rate": r[7], "reward_min": r[8], "reward_max": r[9],
+                "turns_mean": r[10], "tokens_in_mean": r[11], "tokens_out_mean": r[12],
+                "tool_calls": r[13], "tool_errors": r[14], "duration_mean_ns": r[15],
+                "duration_max_ns": r[16], "with_errors": r[17], "llm_mean_ns": r[18],
+                "prompts": r[19], "partial": r[20],
+            })
+        return out
+
+    def flat_groups(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        """Per (experiment, validate, step): GRPO groups whose rollouts all got the same reward
+        (zero advantage: no learning signal)."""
+        where, params = ("AND experiment IS ?", [experiment]) if experiment else ("", [])
+        sql = f"""
+            SELECT experiment, validate, step, count(*), sum(lo = hi) FROM (
+                SELECT experiment, validate, step, sample_index, min(reward) lo, max(reward) hi
+                FROM trajectories WHERE reward IS NOT NULL AND sample_index IS NOT NULL {where}
+                GROUP BY experiment, validate, step, sample_index HAVING count(*) > 1)
+            GROUP BY experiment, validate, step"""
+        return [{"experiment": r[0], "validate": None if r[1] is None else bool(r[1]),
+                 "step": r[2], "groups": r[3], "flat_groups": r[4]}
+                for r in self._conn().execute(sql, params)]
+
+    def trajectories(
+        self,
+        *,
+        experiment: str | None = None,
+        step: int | None = None,
+        sample_index: int | None = None,
+        rollout_n: int | None = None,
+        validate: bool | None = None,
+        reward_min: float | None = None,
+        reward_max: float | None = None,
+        errors_only: bool = False,
+        text: str | None = None,
+        trace_id: str | None = None,
+        order: str = "start_ns",
+        descending: bool = False,
+        page: int = 0,
+        page_size: int = 50,
+        with_search: bool = False,
+        max_page_size: int = 5000,
+    ) -> dict[str, Any]:
+        """One page of trajectory rows matching every given filter, and the total count.
+
+        ``with_search`` adds each row's lower-cased search text (``search``: prompt, answer, tool
+        calls, error; what ``text`` matches), for the offline report's own filtering.
+        """
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("experiment", experiment), ("step", step),
+                              ("sample_index", sample_index), ("rollout_n", rollout_n)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if validate is not None:
+            clauses.append("validate = ?")
+            params.append(int(validate))
+        if reward_min is not None:
+            clauses.append("reward >= ?")
+            params.append(reward_min)
+        if reward_max is not None:
+            clauses.append("reward <= ?")
+            params.append(reward_max)
+        if errors_only:
+            clauses.append("(errors > 0 OR tool_errors > 0)")
+        if text:
+            clauses.append("instr(search, ?) > 0")
+            params.append(text.lower())
+        if trace_id:
+            clauses.append("trace_id LIKE ?")
+            params.append(trace_id.lower().replace("%", "").replace("_", "") + "%")
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        if order not in _SORTABLE:
+            order = "start_ns"
+        direction = "DESC" if descending else "ASC"
+        page_size = max(1, min(int(page_size), max_page_size))
+        columns = [*TRAJECTORY_COLUMNS, *(("search",) if with_search else ())]
+        conn = self._conn()
+        total = conn.execute(f"SELECT count(*) FROM trajectories {where}", params).fetchone()[0]
+        rows = conn.execute(
+            f"SELECT {', '.join(columns)} FROM trajectories {where} "
+            f"ORDER BY {order} IS NULL, {order} {direction}, step, sample_index, rollout_n, key "
+            "LIMIT ? OFFSET ?",
+            [*params, page_size, max(0, int(page)) * page_size]).fetchall()
+        return {"total": total, "page": page, "page_size": page_size,
+                "rows": [_row_dict(r, columns) for r in rows]}
+
+    def trajectory_row(self, key: str) -> dict[str, Any] | None:
+        row = self._conn().execute(
+            f"SELECT {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories WHERE key = ?",
+            (key,)).fetchone()
+        return _row_dict(row) if row else None
+
+    def trace_spans(self, trace_id: str) -> list[dict[str, Any]]:
+        """Every stored span of one trace, fully decoded (re-read from the lines that hold it)."""
+        conn = self._conn()
+        files = {r[0]: r[1] for r in conn.execute("SELECT file_id, path FROM files")}
+        spans: list[dict[str, Any]] = []
+        for file_id, offset in conn.execute(
+                "SELECT file_id, offset FROM trace_lines WHERE trace_id = ? ORDER BY file_id, "
+                "offset", (trace_id,)):
+            path = files.get(file_id)
+            if path is not None:
+                spans.extend(s for s in self._line(path, offset) if s["trace_id"] == trace_id)
+        return spans
+
+    def _line(self, path: str, offset: int) -> list[dict[str, Any]]:
+        """The decoded spans of one stored line; the last few are kept (the rollouts of a group
+        share their lines). Lines never change once complete: the store only appends."""
+        key = (path, offset)
+        with self._cache_lock:
+            cached = self._lines.pop(key, None)
+            if cached is not None:
+                self._lines[key] = cached  # most recent last
+                return cached
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                raw = handle.readline()
+        except OSError:
+            return []
+        decoded, _, _ = _decode_line(raw)
+        with self._cache_lock:
+            self._lines[key] = decoded
+            while len(self._lines) > _LINE_CACHE:
+                self._lines.pop(next(iter(self._lines)))
+        return decoded
+
+
+def _row_dict(row: Iterable[Any], columns: Iterable[str] = TRAJECTORY_COLUMNS) -> dict[str, Any]:
+    out = dict(zip(columns, row, strict=True))
+    if out["validate"] is not None:
+        out["validate"] = bool(out["validate"])
+    return out
+
+
+def _decode_line(raw: bytes) -> tuple[list[dict[str, Any]], int, str | None]:
+    """(spans, bad spans, why the line is bad) for one store line, with the store's decoder."""
+    try:
+        request = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        return [], 0, str(error)[:200]
+    if not isinstance(request, dict):
+        return [], 0, "not an OTLP request"
+    resource_spans = request.get("resourceSpans", request.get("resource_spans"))
+    if not isinstance(resource_spans, list):
+        return [], 0, "no resourceSpans list"
+    spans = _quiet_decode(request)
+    return spans, max(_raw_span_count(resource_spans) - len(spans), 0), None
+
+
+def _quiet_decode(request: dict[str, Any]) -> list[dict[str, Any]]:
+    import logging
+
+    logger = logging.getLogger("otel_verl.store")
+    previous = logger.disabled
+    logger.disabled = True  # bad spans are counted here, per file, not warned line by line
+    try:
+        return spans_from_otlp_json(request)
+    finally:
+        logger.disabled = previous
+
+
+def _raw_span_count(resource_spans: list[Any]) -> int:
+    count = 0
+    for rs in resource_spans:
+        if not isinstance(rs, dict):
+            count += 1
+            continue
+        scopes = rs.get("scopeSpans", rs.get("scope_spans", rs.get("instrumentationLibrarySpans")))
+        for ss in scopes or ():
+            spans = ss.get("spans") if isinstance(ss, dict) else None
+            count += len(spans) if isinstance(spans, list) else 1
+    return count
+
+
+def iter_stats(stats: IndexStats) -> Iterator[tuple[str, Any]]:
+    yield from asdict(stats).items()

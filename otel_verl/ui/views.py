@@ -1,0 +1,268 @@
+"""What each view of the viewer shows, as JSON-ready dicts (shared by the server and the report).
+
+The trajectory page is built from the full spans of its trace (re-read from the store through the
+index) with the store's trajectory model: the conversation (messages in order, tool calls with
+arguments and results, per-turn usage and latency), the reward and its label, the errors, and the
+span waterfall (engine spans that joined the trace included).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from otel_verl import semconv
+from otel_verl._index import (
+    StoreIndex,
+    first_error,
+    is_llm_span,
+    is_tool_span,
+    prompt_and_response,
+    reward_label,
+)
+from otel_verl.store import Trajectory, group_trajectories
+
+__all__ = ["group_view", "overview_view", "prompt_view", "trajectory_view"]
+
+#: characters of one attribute value sent to the browser (payloads are capped at 64 KiB anyway)
+MAX_VALUE_CHARS = 8000
+_EXCEPTION = "exception"
+
+
+def _cap(value: Any, limit: int = MAX_VALUE_CHARS) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        value = value.hex()
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + f"… ({len(value)} chars)"
+    if isinstance(value, (list, dict)):
+        text = json.dumps(value, ensure_ascii=False, default=str)
+        return value if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
+    return value
+
+
+def _json(text: Any) -> Any:
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _duration(span: dict[str, Any]) -> int | None:
+    if span["start_ns"] is None or span["end_ns"] is None:
+        return None
+    return span["end_ns"] - span["start_ns"]
+
+
+def _span_errors(span: dict[str, Any]) -> list[dict[str, Any]]:
+    found = []
+    for event in span["events"]:
+        ev = event["attributes"]
+        if event["name"] == _EXCEPTION or "exception.type" in ev:
+            found.append({
+                "span": span["name"], "span_id": span["span_id"],
+                "type": str(ev.get("exception.type", "exception")),
+                "message": _cap(str(ev.get("exception.message", ""))),
+                "stacktrace": _cap(str(ev.get("exception.stacktrace", "")), 4000),
+            })
+    if span["status"]["code"] == "ERROR" and not found:
+        found.append({"span": span["name"], "span_id": span["span_id"], "type": "ERROR",
+                      "message": _cap(span["status"]["message"]), "stacktrace": ""})
+    return found
+
+
+def _messages(t: Trajectory) -> list[dict[str, Any]]:
+    """The conversation: verl's ``extra_fields.messages`` when an output carries it, else the
+    GenAI message attributes, else the prompt and each model call's text."""
+    best: list[Any] = []
+    for span in t.spans:
+        value = _json(span["attributes"].get(semconv.OUTPUT_VALUE))
+        if isinstance(value, dict):
+            extra = value.get("extra_fields")
+            messages = extra.get("messages") if isinstance(extra, dict) else value.get("messages")
+            if isinstance(messages, list) and len(messages) > len(best):
+                best = messages
+    if not best:
+        for span in t.spans:
+            if not is_llm_span(span):
+                continue
+            inputs = _json(span["attributes"].get(semconv.GEN_AI_INPUT_MESSAGES))
+            outputs = _json(span["attributes"].get(semconv.GEN_AI_OUTPUT_MESSAGES))
+            if isinstance(inputs, list):
+                best = inputs + (outputs if isinstance(outputs, list) else [])
+    if not best:
+        prompt = None
+        for span in t.spans:
+            prompt = prompt_and_response(span)[0]
+            if prompt is not None:
+                break
+        if prompt is not None:
+            best.append({"role": "user", "content": prompt})
+        for span in t.spans:
+            if is_llm_span(span):
+                text = span["attributes"].get(semconv.OUTPUT_VALUE)
+                value = _json(text)
+                if isinstance(value, dict):
+                    text = value.get("text") or value.get("content") or text
+                best.append({"role": "assistant", "content": "" if text is None else text})
+    out = []
+    for message in best:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", p.get("content", ""))) for p in content
+                               if isinstance(p, dict))
+        if content is None and isinstance(message.get("parts"), list):
+            content = " ".join(str(p.get("content", "")) for p in message["parts"]
+                               if isinstance(p, dict))
+        calls = []
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict):
+                function = call.get("function") if isinstance(call.get("function"), dict) else call
+                calls.append({"id": call.get("id"), "name": function.get("name"),
+                              "arguments": _cap(function.get("arguments"))})
+        out.append({"role": str(message.get("role", "?")),
+                    "content": _cap("" if content is None else str(content)),
+                    "tool_calls": calls, "tool_call_id": message.get("tool_call_id")})
+    return out
+
+
+def _turn(span: dict[str, Any], index: int) -> dict[str, Any]:
+    a = span["attributes"]
+    return {
+        "index": index, "span_id": span["span_id"], "name": span["name"],
+        "model": a.get(semconv.GEN_AI_RESPONSE_MODEL) or a.get(semconv.GEN_AI_REQUEST_MODEL),
+        "tokens_in": a.get(semconv.GEN_AI_USAGE_INPUT_TOKENS),
+        "tokens_out": a.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS),
+        "finish": _cap(a.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)),
+        "duration_ns": _duration(span), "status": span["status"]["code"],
+    }
+
+
+def _tool(span: dict[str, Any]) -> dict[str, Any]:
+    a = span["attributes"]
+    arguments = a.get(semconv.GEN_AI_TOOL_CALL_ARGUMENTS)
+    if arguments is None:
+        value = _json(a.get(semconv.INPUT_VALUE))
+        arguments = value.get("arguments", value) if isinstance(value, dict) else a.get(
+            semconv.INPUT_VALUE)
+    result = a.get(semconv.GEN_AI_TOOL_CALL_RESULT)
+    output = _json(a.get(semconv.OUTPUT_VALUE))
+    ok = span["status"]["code"] != "ERROR"
+    if isinstance(output, dict) and output.get("ok") is False:
+        ok = False
+    if result is None:
+        result = output.get("text", output) if isinstance(output, dict) else a.get(
+            semconv.OUTPUT_VALUE)
+    errors = _span_errors(span)
+    if result is None and errors:
+        result = f"{errors[0]['type']}: {errors[0]['message']}"
+    return {
+        "span_id": span["span_id"], "name": a.get(semconv.GEN_AI_TOOL_NAME) or span["name"],
+        "call_id": a.get(semconv.GEN_AI_TOOL_CALL_ID), "arguments": _cap(arguments),
+        "result": _cap(result), "ok": ok, "duration_ns": _duration(span),
+    }
+
+
+def _reward(t: Trajectory) -> dict[str, Any]:
+    name = None
+    for span in t.spans:
+        for event in span["events"]:
+            if event["name"] == semconv.GEN_AI_EVALUATION_RESULT:
+                name = event["attributes"].get(semconv.GEN_AI_EVALUATION_NAME)
+        name = name or span["attributes"].get(semconv.GEN_AI_EVALUATION_NAME)
+    return {"score": t.reward, "label": reward_label(t), "name": name}
+
+
+def _waterfall(t: Trajectory) -> list[dict[str, Any]]:
+    origin = t.start_ns or 0
+    rows = []
+    for depth, span in t.walk():
+        hidden = {semconv.INPUT_VALUE, semconv.OUTPUT_VALUE, semconv.INPUT_MIME_TYPE,
+                  semconv.OUTPUT_MIME_TYPE}
+        rows.append({
+            "depth": depth, "span_id": span["span_id"], "name": span["name"],
+            "service": span["resource"].get(semconv.SERVICE_NAME),
+            "kind": span["attributes"].get(semconv.OPENINFERENCE_SPAN_KIND) or span["kind"],
+            "offset_ns": (span["start_ns"] - origin) if span["start_ns"] is not None else None,
+            "duration_ns": _duration(span), "status": span["status"]["code"],
+            "status_message": _cap(span["status"]["message"], 2000),
+            "input": _cap(span["attributes"].get(semconv.INPUT_VALUE)),
+            "output": _cap(span["attributes"].get(semconv.OUTPUT_VALUE)),
+            "attributes": {k: _cap(v, 2000) for k, v in sorted(span["attributes"].items())
+                           if k not in hidden},
+            "events": [{"name": e["name"], "attributes": {k: _cap(v, 4000) for k, v in
+                                                         e["attributes"].items()}}
+                       for e in span["events"]],
+        })
+    return rows
+
+
+def _attach(messages: list[dict[str, Any]], turns: list[dict[str, Any]],
+            tools: list[dict[str, Any]]) -> None:
+    """Per-turn usage onto assistant messages (in order); tool spans onto tool messages (by call
+    id, else in order)."""
+    turn_iter = iter(turns)
+    by_call = {tool["call_id"]: tool for tool in tools if tool["call_id"]}
+    tool_iter = iter(tools)
+    for message in messages:
+        if message["role"] == "assistant":
+            message["turn"] = next(turn_iter, None)
+        elif message["role"] == "tool":
+            tool = by_call.get(message.get("tool_call_id")) if message.get("tool_call_id") else None
+            message["tool"] = tool if tool is not None else next(tool_iter, None)
+
+
+def trajectory_view(index: StoreIndex, key: str) -> dict[str, Any] | None:
+    """Everything the trajectory page shows; None when the key is unknown."""
+    row = index.trajectory_row(key)
+    if row is None:
+        return None
+    spans = index.trace_spans(row["trace_id"])
+    chosen = None
+    for t in group_trajectories(spans):
+        if (t.span_id or "") == row["span_id"]:
+            chosen = t
+            break
+    if chosen is None:
+        return {"row": row, "missing": "the spans of this trajectory are no longer in the store"}
+    llm = [s for s in chosen.spans if is_llm_span(s)]
+    turns = [_turn(s, i + 1) for i, s in enumerate(llm)]
+    tools = [_tool(s) for s in chosen.spans if is_tool_span(s)]
+    messages = _messages(chosen)
+    _attach(messages, turns, tools)
+    errors = [e for s in chosen.spans for e in _span_errors(s)]
+    return {
+        "row": row, "messages": messages, "turns": turns, "tools": tools,
+        "reward": _reward(chosen), "errors": errors, "first_error": first_error(chosen),
+        "waterfall": _waterfall(chosen),
+    }
+
+
+def overview_view(index: StoreIndex, experiment: str | None = None) -> dict[str, Any]:
+    return {"steps": index.overview(experiment), "flat": index.flat_groups(experiment)}
+
+
+def group_view(index: StoreIndex, experiment: str | None, step: int | None,
+               sample_index: int | None, validate: bool | None,
+               max_details: int = 64) -> dict[str, Any]:
+    """The rollouts of one GRPO group (experiment, step, sample index) and their conversations."""
+    page = index.trajectories(experiment=experiment, step=step, sample_index=sample_index,
+                              validate=validate, order="rollout_n", page_size=max_details)
+    details = {}
+    for row in page["rows"]:
+        view = trajectory_view(index, row["key"])
+        if view is not None and "messages" in view:
+            details[row["key"]] = {"messages": view["messages"], "reward": view["reward"],
+                                   "errors": view["errors"]}
+    return {"rows": page["rows"], "total": page["total"], "details": details}
+
+
+def prompt_view(index: StoreIndex, experiment: str | None, sample_index: int,
+                validate: bool | None) -> dict[str, Any]:
+    """One prompt (sample index) through training: its rollouts at every step."""
+    page = index.trajectories(experiment=experiment, sample_index=sample_index,
+                              validate=validate, order="step", page_size=5000)
+    return {"rows": page["rows"], "total": page["total"]}
