@@ -499,18 +499,31 @@ def with_wandb_run_id(config: TraceConfig,
     """
     if config.backend != "weave" or config.wandb_run_id:
         return config
+    run_id = preset_wandb_run_id(environ)
+    return dataclasses.replace(config, wandb_run_id=run_id) if run_id else config
+
+
+def preset_wandb_run_id(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """The W&B run id of this training run, fixed before the run starts. Call it in the driver
+    only (a worker calling it without the driver's environment would invent its own).
+
+    The wandb run active in this process, else ``WANDB_RUN_ID``, else (wandb installed) a fresh
+    8-character id written to ``WANDB_RUN_ID`` (processes started afterwards inherit it, and
+    ``wandb.init`` here uses it); None when wandb is not installed.
+    """
     environ = os.environ if environ is None else environ
     wandb = sys.modules.get("wandb")
     run_id = str(getattr(getattr(wandb, "run", None), "id", None) or "") or \
         environ.get(_env.WANDB_RUN_ID)
-    if not run_id:
-        if importlib.util.find_spec("wandb") is None:
-            return config  # no W&B here: nothing to link to
-        run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-        environ[_env.WANDB_RUN_ID] = run_id
-        _log.info("otel_verl: W&B run id fixed up front for the workers' Weave calls: %s "
-                  "(%s; wandb.init in this process will use it)", run_id, _env.WANDB_RUN_ID)
-    return dataclasses.replace(config, wandb_run_id=run_id)
+    if run_id:
+        return run_id
+    if importlib.util.find_spec("wandb") is None:
+        return None  # no W&B here: nothing to link to
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    environ[_env.WANDB_RUN_ID] = run_id
+    _log.info("otel_verl: W&B run id fixed up front for the Weave calls of every process: %s "
+              "(%s; wandb.init in this process will use it)", run_id, _env.WANDB_RUN_ID)
+    return run_id
 
 
 def has_worker_config(environ: Mapping[str, str] | None = None) -> bool:

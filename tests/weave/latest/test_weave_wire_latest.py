@@ -42,7 +42,7 @@ def test_path_auth_project_and_body_shape(recorder):
     from weave.wandb_interface.auth import ApiKeyCredentials
 
     exporter = _record(recorder)
-    assert exporter.stats()["exported"] == len(TRAJECTORIES) * calls_per_trajectory()
+    assert exporter.stats()["delivered"] == len(TRAJECTORIES) * calls_per_trajectory()
     assert recorder.requests
     for req in recorder.requests:
         assert req["path"] == f"/v2/{ENTITY}/{PROJECT}/calls/complete"

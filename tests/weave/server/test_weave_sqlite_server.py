@@ -53,7 +53,7 @@ def _as_int(field):
 def loaded(weave_server):
     memory = InMemorySpanExporter()
     exporter = _send_all(weave_server, memory)
-    assert exporter.stats()["export_failed"] == 0
+    assert exporter.stats()["undelivered"] == 0
     return weave_server, memory
 
 
@@ -198,7 +198,7 @@ def test_retries_through_429_and_503_then_delivers(weave_server):
     exporter = _send_all(weave_server, backoff_initial_s=0.01)
     statuses = [r["status"] for r in weave_server.requests]
     assert statuses[:2] == [503, 429] and statuses[-1] == 200
-    assert exporter.stats()["export_failed"] == 0
+    assert exporter.stats()["undelivered"] == 0
     assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * calls_per_trajectory()
     assert all(r["auth_ok"] for r in weave_server.requests)
 
@@ -207,7 +207,7 @@ def test_small_request_cap_splits_batches_and_all_calls_arrive(weave_server):
     exporter = _send_all(weave_server, max_request_bytes=8_000, max_call_bytes=4_000)
     sizes = [r["bytes"] for r in weave_server.requests if r["status"] == 200]
     assert len(sizes) > 2 and max(sizes) <= 8_000
-    assert exporter.stats()["exported"] == len(TRAJECTORIES) * calls_per_trajectory()
+    assert exporter.stats()["delivered"] == len(TRAJECTORIES) * calls_per_trajectory()
     assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * calls_per_trajectory()
 
 
@@ -233,11 +233,11 @@ def test_undeliverable_calls_are_spooled_and_replayed(weave_server, tmp_path):
     weave_server.faults = [500] * 1000
     exporter = _send_all(weave_server, spool_dir=str(spool), timeout_s=0.3, backoff_initial_s=0.05)
     n = len(TRAJECTORIES) * calls_per_trajectory()
-    assert exporter.stats()["export_failed"] == n and exporter.stats()["spooled"] == n
+    assert exporter.stats()["undelivered"] == n and exporter.stats()["spooled"] == n
     assert weave_server.calls(PROJECT_ID) == []
     weave_server.faults = []
     counts = replay(spool, api_key=API_KEY, base_url=weave_server.url)
-    assert counts["exported"] == n and counts["files_sent"] == counts["files"] >= 1
+    assert counts["delivered"] == n and counts["files_sent"] == counts["files"] >= 1
     assert len(weave_server.calls(PROJECT_ID)) == n
     assert list(spool.glob("*.jsonl")) == [] and list(spool.glob("*.jsonl.sent"))
 
@@ -248,7 +248,7 @@ def test_weave_server_refusing_one_bad_call_keeps_the_others(weave_server):
         OtelDriver(tracer).run(1, 0, 0, False)
         tracer.start_span("bad", attributes={"output.value": "{oops",
                                              "output.mime_type": "application/json"}).end()
-    assert exporter.stats()["export_failed"] == 1
+    assert exporter.stats()["undelivered"] == 1
     assert 400 in [r["status"] for r in weave_server.requests]  # weave's own model refused it
     assert len(weave_server.calls(PROJECT_ID)) == calls_per_trajectory()
 
@@ -269,5 +269,5 @@ def test_replay_command_line(weave_server, tmp_path):
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert f"exported={len(TRAJECTORIES) * calls_per_trajectory()}" in done.stdout
+    assert f"delivered={len(TRAJECTORIES) * calls_per_trajectory()}" in done.stdout
     assert len(weave_server.calls(PROJECT_ID)) == len(TRAJECTORIES) * calls_per_trajectory()

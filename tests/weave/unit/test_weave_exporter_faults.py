@@ -45,7 +45,7 @@ def test_retryable_status_forever_fails_within_the_bound(recorder, status):
     elapsed = time.monotonic() - t0
     assert elapsed < TIMEOUT_S + 0.5
     assert len(recorder.requests) >= 2  # it did retry
-    assert exporter.stats()["export_failed"] == 5 and exporter.stats()["exported"] == 0
+    assert exporter.stats()["undelivered"] == 5 and exporter.stats()["delivered"] == 0
     t0 = time.monotonic()
     exporter.shutdown()
     assert time.monotonic() - t0 < 1.5
@@ -58,7 +58,7 @@ def test_retry_after_is_honoured_and_then_succeeds(recorder):
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.SUCCESS
     assert time.monotonic() - t0 >= 0.3
-    assert len(recorder.requests) == 2 and exporter.stats()["exported"] == 5
+    assert len(recorder.requests) == 2 and exporter.stats()["delivered"] == 5
 
 
 def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(recorder):
@@ -68,8 +68,9 @@ def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(record
         t0 = time.monotonic()
         assert exporter.export(_spans(2)) is SpanExportResult.SUCCESS
         assert time.monotonic() - t0 < 1.5  # no 1.5-3 s backoff wait
-    assert exporter.stats()["exported"] == 6 and len(recorder.requests) == 3
-    assert exporter.stats()["requests"] == 5  # two attempts met the closed connection
+    assert exporter.stats()["delivered"] == 6 and len(recorder.requests) == 3
+    assert exporter.stats()["requests"] == 3  # accepted
+    assert exporter.stats()["retries"] == 2  # two attempts met the closed connection
 
 
 def test_non_retryable_status_fails_at_once(recorder):
@@ -102,7 +103,7 @@ def test_a_call_the_server_refuses_costs_only_itself(recorder, tmp_path):
     exporter = _exporter(recorder.url, timeout_s=5.0, spool_dir=str(tmp_path))
     assert exporter.export(batch) is SpanExportResult.FAILURE
     stats = exporter.stats()
-    assert stats["exported"] == 7 and stats["export_failed"] == 1 and stats["quarantined"] == 1
+    assert stats["delivered"] == 7 and stats["undelivered"] == 1 and stats["quarantined"] == 1
     assert stats["spooled"] == 0 and not list(tmp_path.glob("weave-spool-*"))
     (rejected,) = tmp_path.glob("weave-rejected-*.jsonl")
     line = rejected.read_bytes().splitlines()
@@ -154,7 +155,7 @@ def test_connection_refused_fails_within_the_bound():
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.FAILURE
     assert time.monotonic() - t0 < TIMEOUT_S + 0.5
-    assert exporter.stats()["requests"] >= 2
+    assert exporter.stats()["retries"] >= 2 and exporter.stats()["requests"] == 0
 
 
 def test_the_rollout_thread_is_unaffected_by_a_dead_server(recorder):
@@ -174,4 +175,4 @@ def test_the_rollout_thread_is_unaffected_by_a_dead_server(recorder):
     t0 = time.monotonic()
     provider.shutdown()  # the processor drains (bounded exports) then shuts the exporter
     assert time.monotonic() - t0 < 15
-    assert exporter.stats()["exported"] == 0 and exporter.stats()["export_failed"] > 0
+    assert exporter.stats()["delivered"] == 0 and exporter.stats()["undelivered"] > 0

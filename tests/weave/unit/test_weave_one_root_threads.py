@@ -126,7 +126,7 @@ def test_exactly_one_root_per_trajectory_with_all_its_attributes(recorder, arran
     # verl's filters: the trajectory attributes on every call, under verl's names
     assert all(c["attributes"]["step"] == 4 and c["attributes"]["experiment_name"] == "exp"
                for c in calls)
-    assert exporter.stats()["skipped"] == 0 and exporter.stats()["exported"] == len(calls)
+    assert exporter.stats()["skipped"] == 0 and exporter.stats()["delivered"] == len(calls)
 
 
 def test_verl_tree_shape_is_still_available_and_its_limit_is_known(recorder):
@@ -173,7 +173,11 @@ def test_threads_can_be_turned_off_and_plain_genai_spans_use_the_conversation(re
 
 
 def test_stats_keys_are_the_core_vocabulary():
-    assert {"exported", "export_failed", "spooled", "spool_failed"} <= set(STATS_KEYS)
+    # otel_verl's names where the meaning is the same (otel_verl.exporters' table)
+    assert {"delivered", "spooled", "spool_failed", "quarantined", "truncated", "requests",
+            "retries", "dropped_after_shutdown"} <= set(STATS_KEYS)
+    # not the processor's: "exported"/"export_failed" count batches handed to an exporter
+    assert not {"exported", "export_failed"} & set(STATS_KEYS)
     assert not any(k.startswith(("calls_", "spans_")) for k in STATS_KEYS)
 
 
@@ -197,7 +201,7 @@ def test_replay_drains_past_a_call_the_server_refuses(recorder, tmp_path):
     _spool_with(tmp_path, recorder, 6)
     recorder.reject_marker = b"refuse-me"
     counts = replay(tmp_path, api_key=API_KEY, base_url=recorder.url, timeout_s=5)
-    assert counts == {"files": 1, "files_sent": 1, "exported": 6, "export_failed": 0,
+    assert counts == {"files": 1, "files_sent": 1, "delivered": 6, "undelivered": 0,
                       "quarantined": 1}
     accepted = [json.loads(r["body"]) for r in recorder.requests if b"refuse-me" not in r["body"]]
     assert sorted(c["op_name"] for b in accepted for c in b["batch"]) == [f"op{i}" for i in range(6)]
@@ -213,9 +217,9 @@ def test_replay_keeps_what_the_server_could_not_take_yet(recorder, tmp_path):
     _spool_with(tmp_path, recorder, 4, bad=False)
     recorder.statuses = [503] * 1000
     counts = replay(tmp_path, api_key=API_KEY, base_url=recorder.url, timeout_s=0.3)
-    assert counts["export_failed"] == 4 and counts["files_sent"] == 0
+    assert counts["undelivered"] == 4 and counts["files_sent"] == 0
     (spool,) = tmp_path.glob("weave-spool-*.jsonl")
     assert len(spool.read_bytes().splitlines()) == 4
     recorder.statuses = []
     counts = replay(tmp_path, api_key=API_KEY, base_url=recorder.url, timeout_s=5)
-    assert counts["exported"] == 4 and counts["files_sent"] == 1
+    assert counts["delivered"] == 4 and counts["files_sent"] == 1

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"otel-weave-replay: {exc}", file=sys.stderr)
         return 2
     print(" ".join(f"{k}={v}" for k, v in counts.items()))
-    return 0 if counts["export_failed"] == 0 else 1
+    return 0 if counts["undelivered"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from otel_weave_exporter._transport import HttpSender
 @dataclass
 class Delivery:
     sent: int = 0
-    requests: int = 0
+    requests: int = 0  # accepted
+    retries: int = 0  # failed attempts
     #: (call, the server's answer) for each call refused on its own
     rejected: list[tuple[bytes, str]] = field(default_factory=list)
     #: calls not attempted or failed for a reason that may pass (retry later)
@@ -41,8 +42,9 @@ def deliver(
             out.error = out.error or "deadline passed"
             break
         result = sender.send(path, batch_body(batch), deadline)
-        out.requests += result.attempts
+        out.retries += result.attempts - (1 if result.ok else 0)
         if result.ok:
+            out.requests += 1
             out.sent += len(batch)
             continue
         if result.too_large or result.rejected:

@@ -28,11 +28,12 @@ from otel_weave_exporter._transport import HttpSender, basic_auth
 
 _log = logging.getLogger("otel_weave_exporter")
 
-#: ``stats()`` keys, the same names otel_verl's span processors use (one call per span)
+#: ``stats()`` keys: otel_verl's names (``otel_verl.exporters``) where they mean the same thing;
+#: one call per span
 STATS_KEYS: tuple[str, ...] = (
     "received",  # spans handed to export()
-    "exported",  # calls the server accepted
-    "export_failed",  # calls not delivered by export() (quarantined, spooled or lost)
+    "delivered",  # calls the server accepted
+    "undelivered",  # calls export() could not deliver: spooled + quarantined + spool_failed
     "spooled",  # of those, written to the spool for replay
     "quarantined",  # of those, refused by the server as invalid: kept aside, never retried
     "spool_failed",  # of those, kept nowhere (no spool_dir, spool full, disk error): lost
@@ -41,7 +42,8 @@ STATS_KEYS: tuple[str, ...] = (
     "translate_failed",  # spans whose translation raised (a bug of ours; logged)
     "dropped_after_shutdown",  # spans handed to export() after shutdown()
     "dropped_busy",  # spans refused because an export held the lock past timeout_s
-    "requests",  # HTTP requests sent, retries included
+    "requests",  # requests the server accepted
+    "retries",  # failed attempts (retried within timeout_s, or given up)
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -313,12 +315,12 @@ class WeaveSpanExporter(SpanExporter):
                 self._lock.release()
         st = self.stats()
         refused = st["dropped_after_shutdown"] + st["dropped_busy"]
-        if st["export_failed"] or refused:
+        if st["undelivered"] or refused:
             where = f"; {st['spooled']} spooled to {self.spool_path}" if self._spool else ""
             _log.warning(
                 "otel-weave-exporter: %d call(s) were not delivered to Weave%s; %d quarantined as "
                 "invalid; %d span(s) refused",
-                st["export_failed"],
+                st["undelivered"],
                 where,
                 st["quarantined"],
                 refused,
@@ -376,10 +378,10 @@ class WeaveSpanExporter(SpanExporter):
         everything left is spooled."""
         done = deliver(self._sender, self.config.path, parts, self.config.max_request_bytes,
                        deadline)
-        self._count(requests=done.requests, exported=done.sent)
+        self._count(requests=done.requests, retries=done.retries, delivered=done.sent)
         if done.rejected:
             kept = self._spool.quarantine(done.rejected) if self._spool is not None else 0
-            self._count(export_failed=len(done.rejected), quarantined=kept,
+            self._count(undelivered=len(done.rejected), quarantined=kept,
                         spool_failed=len(done.rejected) - kept)
             _log.warning(
                 "otel-weave-exporter: %d call(s) refused as invalid (%s); %d quarantined%s",
@@ -394,7 +396,7 @@ class WeaveSpanExporter(SpanExporter):
 
     def _undeliverable(self, parts: list[bytes], error: str) -> None:
         spooled = self._spool.write(parts) if self._spool is not None else 0
-        self._count(export_failed=len(parts), spooled=spooled, spool_failed=len(parts) - spooled)
+        self._count(undelivered=len(parts), spooled=spooled, spool_failed=len(parts) - spooled)
         _log.warning(
             "otel-weave-exporter: %d call(s) not delivered (%s); %d spooled%s",
             len(parts),

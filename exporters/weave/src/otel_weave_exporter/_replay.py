@@ -35,9 +35,9 @@ def replay(
 
     Calls go to the project named in each call (``project_id``), with the key and server
     resolved like the exporter's (``WANDB_API_KEY``, ``OTEL_EXPORTER_WEAVE_ENDPOINT``, ...).
-    Returns counts: files, files_sent, exported, export_failed, quarantined.
+    Returns counts: files, files_sent, delivered, undelivered (left in the spool), quarantined.
     """
-    counts = {"files": 0, "files_sent": 0, "exported": 0, "export_failed": 0, "quarantined": 0}
+    counts = {"files": 0, "files_sent": 0, "delivered": 0, "undelivered": 0, "quarantined": 0}
     for path in spool_files(directory):
         counts["files"] += 1
         by_project: dict[str, list[bytes]] = defaultdict(list)
@@ -58,7 +58,7 @@ def replay(
                 )
             finally:
                 sender.close()
-            counts["exported"] += done.sent
+            counts["delivered"] += done.sent
             rejected.extend(rejected_line(p, e) for p, e in done.rejected)
             left.extend(done.failed)
             if done.failed:
@@ -70,7 +70,7 @@ def replay(
             with open(rejected_path_for(path), "ab") as fh:
                 fh.write(b"\n".join(rejected) + b"\n")
             counts["quarantined"] += len(rejected)
-        counts["export_failed"] += len(left)
+        counts["undelivered"] += len(left)
         if left:
             _rewrite(path, left)
         else:
