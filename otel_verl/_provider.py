@@ -123,7 +123,8 @@ def _weave_exporter(config: TraceConfig) -> SpanExporter:
     return otel_weave_exporter.WeaveSpanExporter(
         keep_trajectory_spans=config.weave_keep_trajectory,
         include_otel_attributes=config.weave_include_otel_attributes,
-        spool_dir=spool_dir, **common)
+        spool_dir=spool_dir, timeout_s=config.export_timeout_s, **common)
+
 
 def _durable(config: TraceConfig) -> bool:
     return config.durable and config.processor == "batch"
