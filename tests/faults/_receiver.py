@@ -124,7 +124,7 @@ class FaultyReceiver:
         receiver = self
 
         class Service(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request, context):  # noqa: N802 - the gRPC method's name
+            def Export(self, request, context):
                 mode = receiver.mode
                 if mode == "hang":
                     receiver._hold_while_hanging()
@@ -150,7 +150,7 @@ class FaultyReceiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 mode = receiver.mode

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+from _receiver import FaultyReceiver
 from opentelemetry import trace
 
 from otel_verl import RolloutTraceConfig, get_tracer, rollout_trace_attr
 from otel_verl.store import ReadStats, read_spans
-
-from _receiver import FaultyReceiver
 
 HERE = Path(__file__).resolve().parent
 PROTOCOLS = {"grpc": "grpc", "http": "http/protobuf"}
@@ -160,7 +159,7 @@ def _drain(receiver: FaultyReceiver, trace_dir: Path) -> str:
         [sys.executable, str(HERE / "_traced_child.py"), "drain", str(trace_dir),
          receiver.endpoint, PROTOCOLS[receiver.protocol]],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, capture_output=True,
-        text=True, timeout=60)
+        text=True, timeout=60, check=False)
     return done.stdout.strip()
 
 
@@ -199,7 +198,7 @@ def small_disk(path: Path, size: str = "2m"):
     """A real tmpfs of ``size`` at ``path`` (root and mount needed; the tier runs as root)."""
     path.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.fail(f"cannot mount a tmpfs here ({done.stderr.strip()}); the fault tier runs as "
                     "root on Linux")
@@ -211,11 +210,10 @@ def small_disk(path: Path, size: str = "2m"):
 
 def fill(path: Path) -> Path:
     filler = path / "filler"
-    with open(filler, "wb") as handle:
-        with contextlib.suppress(OSError):
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
+    with open(filler, "wb") as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * 65536)
+            handle.flush()
     with contextlib.suppress(OSError), open(filler, "ab") as handle:
         while True:
             handle.write(b"\0" * 512)
