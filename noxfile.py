@@ -112,6 +112,14 @@ def collector(session: nox.Session) -> None:
 
 
 @nox.session
+def faults(session: nox.Session) -> None:
+    """Fault injection on real sockets, processes and disks: OTLP receivers that refuse, answer
+    429/503, hang, close, flap; SIGKILL/SIGTERM of a traced process; a full tmpfs (root)."""
+    _install(session, "faults.txt")
+    _pytest(session, "tests/faults")
+
+
+@nox.session
 def verl(session: nox.Session) -> None:
     """verl 0.9.1's own agent loop traced through otel_verl."""
     _install(session, "verl.txt", torch=True, weave_exporter=True)

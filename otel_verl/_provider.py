@@ -158,7 +158,8 @@ def durable(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
         exporter, spool_dir_for(config, exporter), max_spool_bytes=config.max_spool_bytes,
         max_request_bytes=config.max_request_bytes,
         max_batch_spans=config.max_export_batch_size, export_delay_s=config.export_delay_s,
-        shutdown_timeout_s=config.export_timeout_s)
+        shutdown_timeout_s=config.export_timeout_s,
+        max_overflow_bytes=config.max_queue_bytes // 4)
 
 
 def _otlp_exporter(config: TraceConfig) -> SpanExporter:

@@ -228,9 +228,29 @@ def test_full_disk_sends_directly_and_counts_only_real_losses(tmp_path, monkeypa
     assert processor.force_flush(3000)
     assert inner.ids() == ids and durable.stats()["spool_failed"] == 0
     inner.up = False
-    record(tracer, 5)
-    processor.force_flush(500)
-    assert durable.stats()["spool_failed"] == 5  # no disk and no backend: lost, and counted
+    held = record(tracer, 5)
+    processor.force_flush(300)
+    stats = durable.stats()  # no disk and no backend: held in memory, not lost
+    assert stats["spool_failed"] == 0 and stats["spool_held_bytes"] > 0
+    assert stats["spool_pending"] == 5
+    inner.up = True
+    assert wait_for(lambda: inner.ids() >= held)
+    assert durable.stats()["spool_held_bytes"] == 0 and durable.stats()["spool_pending"] == 0
+    processor.shutdown(timeout_millis=300)
+
+
+def test_full_disk_and_no_backend_beyond_the_memory_bound_counts_the_loss(tmp_path, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_spool, "_write", full)
+    inner = Switchable(up=False)
+    tracer, processor, durable = pipeline(inner, tmp_path, max_overflow_bytes=20_000)
+    record(tracer, 200, size=500)
+    processor.force_flush(300)
+    stats = durable.stats()
+    assert stats["spool_failed"] > 0 and stats["spool_held_bytes"] <= 20_000
+    assert stats["spool_failed"] + stats["spool_pending"] == 200
     processor.shutdown(timeout_millis=300)
 
 
