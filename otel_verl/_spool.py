@@ -334,10 +334,9 @@ class DurableSpanExporter(SpanExporter):
         self._counts: dict[str, int] = dict.fromkeys(
             ("spooled", "spool_failed", "delivered", "requests", "request_bytes", "retries",
              "truncated", "quarantined", "dropped_spool_full", "recovered"), 0)
-        self._stats_lock = threading.Lock()
-        self._send_lock = threading.Lock()  # inner.export is called by one thread at a time
         self._warned_outage = False
         self._warned_disk = False
+        self._last_budget_warning = 0.0
         self._backend_up = True
         self._closed = False
         self._start()
@@ -345,6 +344,9 @@ class DurableSpanExporter(SpanExporter):
 
     # -- set-up (also after fork) ---------------------------------------------------------------
     def _start(self) -> None:
+        # new locks (also after fork: a lock held by a thread of the parent stays held)
+        self._stats_lock = threading.Lock()
+        self._send_lock = threading.Lock()  # inner.export is called by one thread at a time
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
         self._stream: _Stream | None = None
@@ -540,9 +542,12 @@ class DurableSpanExporter(SpanExporter):
                     stream.save_cursor((segments[0], 0))
                     self._pending -= lost
                     self._count(dropped_spool_full=lost)
-                    _log.warning("otel_verl: the log in %s is over its %d-byte budget; dropped "
-                                 "the oldest %d span(s)", self.directory, self.max_spool_bytes,
-                                 lost)
+                    now = time.monotonic()
+                    if now - self._last_budget_warning > 20.0:
+                        self._last_budget_warning = now
+                        _log.warning("otel_verl: the log in %s is over its %d-byte budget; "
+                                     "dropping the oldest spans (%d so far)", self.directory,
+                                     self.max_spool_bytes, self._counts["dropped_spool_full"])
 
     # -- the sender -----------------------------------------------------------------------------
     def _run(self) -> None:
