@@ -331,6 +331,7 @@ class DurableSpanExporter(SpanExporter):
         self.shutdown_timeout_s = shutdown_timeout_s
         self.max_overflow_bytes = max_overflow_bytes
         self._segment_bytes = max(64 * 1024, min(16 * 1024 * 1024, max_spool_bytes // 8))
+        self._max_hot_bytes = 4 * self.max_request_bytes
         self._counts: dict[str, int] = dict.fromkeys(
             ("spooled", "spool_failed", "delivered", "requests", "request_bytes", "retries",
              "truncated", "quarantined", "dropped_spool_full", "recovered"), 0)
@@ -365,6 +366,9 @@ class DurableSpanExporter(SpanExporter):
         self._overflow: collections.deque[tuple[list[bytes], list[ReadableSpan]]] = \
             collections.deque()
         self._overflow_bytes = 0
+        # what was just written, as spans: (segment, offset, bytes, span), bounded in bytes
+        self._hot: collections.deque[tuple[int, int, int, ReadableSpan]] = collections.deque()
+        self._hot_bytes = 0
         self._thread = threading.Thread(target=self._run, name="otel_verl-deliver", daemon=True)
         self._thread.start()
 
@@ -425,7 +429,7 @@ class DurableSpanExporter(SpanExporter):
         if not lines:
             return SpanExportResult.FAILURE
         try:
-            self._append(lines)
+            self._append(lines, fitted)
         except OSError as error:
             return self._log_full(lines, fitted, error)
         self._count(spooled=len(lines))
@@ -437,7 +441,7 @@ class DurableSpanExporter(SpanExporter):
             self._cond.notify_all()
         return SpanExportResult.SUCCESS
 
-    def _append(self, lines: list[bytes]) -> None:
+    def _append(self, lines: list[bytes], spans: list[ReadableSpan] | None = None) -> None:
         data = b"".join(lines)
         with self._write_lock:
             if self._stream is None:
@@ -458,6 +462,14 @@ class DurableSpanExporter(SpanExporter):
                     except OSError:  # leave the torn line; the next segment starts clean
                         self._seg_size = self._segment_bytes
                 raise
+            if spans is not None:  # remember them: the sender need not read them back
+                offset = self._seg_size
+                for line, span in zip(lines, spans):
+                    self._hot.append((self._seq, offset, len(line), span))
+                    offset += len(line)
+                self._hot_bytes += len(data)
+                while self._hot_bytes > self._max_hot_bytes and self._hot:
+                    self._hot_bytes -= self._hot.popleft()[2]
             self._seg_size += len(data)
 
     def _direct(self, spans: Sequence[ReadableSpan], count_loss: bool = True) -> SpanExportResult:
@@ -639,16 +651,21 @@ class DurableSpanExporter(SpanExporter):
     def _send_from(self, stream: _Stream, end: tuple[int, int] | None,
                    recovered: bool) -> bool | None:
         """Send one request from ``stream``; None when it has nothing left, else success."""
-        lines, after = stream.read(stream.cursor, end, self.max_request_bytes - _REQUEST_OVERHEAD,
-                                   self._limit)
-        if not lines:
-            return None
-        spans = _decode(lines)
+        hot = None if recovered else self._take_hot(stream.cursor, end)
+        if hot is not None:
+            spans, after, size = hot
+            lines = [b""] * len(spans)  # only their number counts below
+        else:
+            lines, after = stream.read(stream.cursor, end,
+                                       self.max_request_bytes - _REQUEST_OVERHEAD, self._limit)
+            if not lines:
+                return None
+            spans = _decode(lines)
+            size = sum(len(line) for line in lines)
         ok = True
         if spans:
             with self._send_lock:
                 ok = call_export(self.inner, spans)
-        size = sum(len(line) for line in lines)
         self._backend_up = ok
         if ok:
             self._count(delivered=len(spans), requests=1, request_bytes=size)
@@ -665,6 +682,9 @@ class DurableSpanExporter(SpanExporter):
                 _log.warning("otel_verl: the backend accepts spans again; delivering the log")
             return True
         self._count(retries=1)
+        if hot is not None:
+            lines, _ = stream.read(stream.cursor, end, self.max_request_bytes - _REQUEST_OVERHEAD,
+                                   len(spans))
         if not self._warned_outage:
             self._warned_outage = True
             _log.warning("otel_verl: the backend did not accept %d span(s); they wait in %s and "
@@ -673,8 +693,35 @@ class DurableSpanExporter(SpanExporter):
         if len(lines) > 1:
             self._limit = max(1, len(lines) // 2)  # find a span the backend refuses, if any
             return False
-        self._probe(stream, end, lines[0], after, recovered)
+        if lines:
+            self._probe(stream, end, lines[0], after, recovered)
         return False
+
+    def _take_hot(self, cursor: tuple[int, int], end: tuple[int, int] | None
+                  ) -> tuple[list[ReadableSpan], tuple[int, int], int] | None:
+        """The next request from memory when the cursor is where the remembered spans start."""
+        limit = self.max_request_bytes - _REQUEST_OVERHEAD
+        with self._write_lock:
+            hot = self._hot
+            while hot and (hot[0][0], hot[0][1]) < cursor:
+                self._hot_bytes -= hot.popleft()[2]
+            if not hot or (hot[0][0], hot[0][1]) != cursor:
+                return None
+            spans: list[ReadableSpan] = []
+            size = 0
+            seq, offset = cursor
+            for entry_seq, entry_offset, nbytes, span in hot:
+                if len(spans) >= self._limit or (spans and size + nbytes > limit):
+                    break
+                if (entry_seq, entry_offset) != (seq, offset) or (
+                        end is not None and (entry_seq, entry_offset + nbytes) > end):
+                    break
+                spans.append(span)
+                size += nbytes
+                seq, offset = entry_seq, entry_offset + nbytes
+            if not spans:
+                return None
+        return spans, (seq, offset), size
 
     def _probe(self, stream: _Stream, end: tuple[int, int] | None, line: bytes,
                after: tuple[int, int], recovered: bool) -> None:
