@@ -117,7 +117,7 @@ def test_requests_fill_up_and_stay_under_the_byte_cap(tmp_path):
 
 def test_truncated_span_is_marked(tmp_path):
     memory = InMemorySpanExporter()
-    tracer, processor, durable = pipeline(memory, tmp_path, max_request_bytes=8192)
+    tracer, processor, _ = pipeline(memory, tmp_path, max_request_bytes=8192)
     tracer.start_span("huge", attributes={"input.value": "y" * 100_000, "k": 1}).end()
     assert processor.force_flush(10000)
     (span,) = memory.get_finished_spans()
@@ -175,7 +175,7 @@ def test_a_live_process_log_is_not_adopted(tmp_path):
 
 def test_replay_resumes_from_the_cursor_and_splits_by_bytes(tmp_path):
     flaky = Switchable()
-    tracer, processor, durable = pipeline(flaky, tmp_path, max_batch_spans=10)
+    tracer, processor, _ = pipeline(flaky, tmp_path, max_batch_spans=10)
     first = record(tracer, 10)
     assert processor.force_flush(10000)
     flaky.up = False
@@ -268,7 +268,7 @@ def test_partial_write_on_a_full_disk_is_cut_back(tmp_path, monkeypatch):
 
     inner = Switchable(up=False)
     monkeypatch.setattr(_spool, "_write", half_then_full)
-    tracer, processor, durable = pipeline(inner, tmp_path)
+    tracer, processor, _ = pipeline(inner, tmp_path)
     for _ in range(3):
         record(tracer, 4)
         assert processor.force_flush_to_exporter(10)
