@@ -250,9 +250,35 @@ def encode_line(spans: Sequence[ReadableSpan]) -> bytes:
 
 
 
+_SPAN_SENTINEL = "\x00otel_verl-span\x00"
+#: (resource, scope) -> the line's bytes around its one span; keyed by identity, objects kept
+_FRAMES: dict[tuple[int, int], tuple[Any, Any, bytes, bytes]] = {}
+
+
+def _frame(span: ReadableSpan) -> tuple[bytes, bytes]:
+    """The encoded request around one span of this resource and scope (cached: the resource's
+    attributes are the same for every span of a process, so they are encoded once)."""
+    resource, scope = span.resource, span.instrumentation_scope
+    key = (id(resource), id(scope))
+    entry = _FRAMES.get(key)
+    if entry is None or entry[0] is not resource or entry[1] is not scope:
+        request = encode_request((span,))
+        request["resourceSpans"][0]["scopeSpans"][0]["spans"] = [_SPAN_SENTINEL]
+        text = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
+        head, tail = text.split(json.dumps(_SPAN_SENTINEL), 1)
+        if len(_FRAMES) >= 64:
+            _FRAMES.clear()
+        entry = _FRAMES[key] = (resource, scope, head.encode("utf-8", "replace"),
+                                tail.encode("utf-8", "replace") + b"\n")
+    return entry[2], entry[3]
+
+
 def encode_span_line(span: ReadableSpan) -> bytes:
-    """One OTLP/JSON line holding one span (the write-ahead log's record)."""
-    return encode_line((span,))
+    """One OTLP/JSON line holding one span (the write-ahead log's record); the same bytes as
+    ``encode_line((span,))``, with the resource and scope encoded once per process."""
+    head, tail = _frame(span)
+    body = json.dumps(_span(span), ensure_ascii=False, separators=(",", ":"))
+    return head + body.encode("utf-8", "replace") + tail
 
 
 # --- the decoder --------------------------------------------------------------------------------

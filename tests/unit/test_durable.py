@@ -293,3 +293,18 @@ def test_odd_timeouts_are_bounded(tmp_path, timeout):
     durable = DurableSpanExporter(Switchable(), tmp_path, shutdown_timeout_s=0.5)
     assert durable.force_flush(timeout) in (True, False)
     durable.shutdown(timeout_millis=timeout if timeout != float("inf") else 500)
+
+
+def test_the_log_line_is_the_store_line_of_one_span():
+    from opentelemetry.sdk.resources import Resource
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "s", "k": "ü\ud800"}))
+    memory = InMemorySpanExporter()
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("scope", "1.0", schema_url="https://schema")
+    tracer.start_span("a", attributes={"x": "\ud800 lone", "n": 10**30}).end()
+    tracer.start_span("b").end()
+    for span in memory.get_finished_spans():
+        assert _otlp_json.encode_span_line(span) == _otlp_json.encode_line((span,))
