@@ -29,7 +29,7 @@ REQ = ROOT / "requirements"
 nox.options.envdir = os.environ.get(
     "OTEL_VERL_NOX_HOME", str(Path.home() / ".cache" / "otel_verl" / "nox"))
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["unit", "weave", "weave_latest", "collector", "verl", "engine"]
+nox.options.sessions = ["unit", "weave", "weave_latest", "collector", "faults", "verl", "engine"]
 nox.options.error_on_missing_interpreters = True
 
 # keep every tier's network use on loopback and weave/wandb quiet and offline

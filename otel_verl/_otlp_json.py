@@ -131,6 +131,8 @@ def _flags(parent: Any) -> int:
 
 def _span(span: ReadableSpan) -> dict[str, Any]:
     ctx = span.get_span_context()
+    if ctx is None:
+        raise ValueError("a span without a context")
     out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if ctx.trace_state:
         out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
@@ -215,9 +217,9 @@ def encode_request(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
             entry = scopes[1][id(scope)] = (scope, [])
         entry[1].append(_span(span))
     resource_spans = []
-    for resource, scopes in groups.values():
+    for resource, by_scope in groups.values():
         scope_spans = []
-        for scope, encoded in scopes.values():
+        for scope, encoded in by_scope.values():
             scope_json: dict[str, Any] = {}
             if scope is not None:
                 if scope.name:
@@ -589,7 +591,7 @@ def request_to_otlp_json(request: Any) -> dict[str, Any]:
     """
     from google.protobuf import json_format
 
-    data = json_format.MessageToDict(request, use_integers_for_enums=True)
+    data: dict[str, Any] = json_format.MessageToDict(request, use_integers_for_enums=True)
     _hex_ids(data)
     return data
 

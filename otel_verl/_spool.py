@@ -464,7 +464,7 @@ class DurableSpanExporter(SpanExporter):
                 raise
             if spans is not None:  # remember them: the sender need not read them back
                 offset = self._seg_size
-                for line, span in zip(lines, spans):
+                for line, span in zip(lines, spans, strict=True):
                     self._hot.append((self._seq, offset, len(line), span))
                     offset += len(line)
                 self._hot_bytes += len(data)
@@ -636,11 +636,11 @@ class DurableSpanExporter(SpanExporter):
                 self._adopted.pop(0)
                 return False, False
             return result, not result
-        stream = self._stream
+        mine = self._stream
         end = self._write_end()
-        if stream is None or end is None or self._pending <= 0:
+        if mine is None or end is None or self._pending <= 0:
             return False, False
-        result = self._send_from(stream, end, recovered=False)
+        result = self._send_from(mine, end, recovered=False)
         if result is None:
             with self._cond:
                 self._pending = sum(len(lines) for lines, _ in self._overflow)

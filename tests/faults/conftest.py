@@ -34,9 +34,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     keys = ["fault", "recorded", "received", "lost", "allowed", "duplicates", "seconds", "note"]
     rows = [[str(f.get(k, "")) for k in keys] for f in FIGURES]
     widths = [max(len(k), *(len(r[i]) for r in rows)) for i, k in enumerate(keys)]
-    terminalreporter.write_line("  ".join(k.ljust(w) for k, w in zip(keys, widths)))
+    terminalreporter.write_line("  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)))
     for row in rows:
-        terminalreporter.write_line("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+        terminalreporter.write_line("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
     path = os.environ.get("OTEL_VERL_FAULTS_REPORT")
     if path:
         with open(path, "w") as handle:
