@@ -29,7 +29,7 @@ REQ = ROOT / "requirements"
 nox.options.envdir = os.environ.get(
     "OTEL_VERL_NOX_HOME", str(Path.home() / ".cache" / "otel_verl" / "nox"))
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["unit", "weave", "weave_latest", "collector", "verl", "engine"]
+nox.options.sessions = ["unit", "weave", "weave_latest", "collector", "faults", "verl", "engine"]
 nox.options.error_on_missing_interpreters = True
 
 # keep every tier's network use on loopback and weave/wandb quiet and offline
@@ -109,6 +109,14 @@ def collector(session: nox.Session) -> None:
     """Collector configs, a real rotel collector hop (gRPC and HTTP), real Ray workers."""
     _install(session, "collector.txt", weave_exporter=True)
     _pytest(session, "tests/collector")
+
+
+@nox.session
+def faults(session: nox.Session) -> None:
+    """Fault injection on real sockets, processes and disks: OTLP receivers that refuse, answer
+    429/503, hang, close, flap; SIGKILL/SIGTERM of a traced process; a full tmpfs (root)."""
+    _install(session, "faults.txt")
+    _pytest(session, "tests/faults")
 
 
 @nox.session

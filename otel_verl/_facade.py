@@ -170,7 +170,8 @@ class RolloutTraceConfig:
         runtime = STATE.runtime
         if runtime is None:
             return True
-        return runtime.provider.force_flush(_half_millis(timeout_s) * 2)
+        # a float (inf included) works: the SDK only adds and compares it
+        return runtime.provider.force_flush(_half_millis(timeout_s) * 2)  # type: ignore[arg-type]
 
     @classmethod
     def shutdown(cls, timeout_s: float = 5.0) -> bool:

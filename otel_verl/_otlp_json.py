@@ -131,6 +131,8 @@ def _flags(parent: Any) -> int:
 
 def _span(span: ReadableSpan) -> dict[str, Any]:
     ctx = span.get_span_context()
+    if ctx is None:
+        raise ValueError("a span without a context")
     out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if ctx.trace_state:
         out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
@@ -215,9 +217,9 @@ def encode_request(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
             entry = scopes[1][id(scope)] = (scope, [])
         entry[1].append(_span(span))
     resource_spans = []
-    for resource, scopes in groups.values():
+    for resource, by_scope in groups.values():
         scope_spans = []
-        for scope, encoded in scopes.values():
+        for scope, encoded in by_scope.values():
             scope_json: dict[str, Any] = {}
             if scope is not None:
                 if scope.name:
@@ -250,9 +252,35 @@ def encode_line(spans: Sequence[ReadableSpan]) -> bytes:
 
 
 
+_SPAN_SENTINEL = "\x00otel_verl-span\x00"
+#: (resource, scope) -> the line's bytes around its one span; keyed by identity, objects kept
+_FRAMES: dict[tuple[int, int], tuple[Any, Any, bytes, bytes]] = {}
+
+
+def _frame(span: ReadableSpan) -> tuple[bytes, bytes]:
+    """The encoded request around one span of this resource and scope (cached: the resource's
+    attributes are the same for every span of a process, so they are encoded once)."""
+    resource, scope = span.resource, span.instrumentation_scope
+    key = (id(resource), id(scope))
+    entry = _FRAMES.get(key)
+    if entry is None or entry[0] is not resource or entry[1] is not scope:
+        request = encode_request((span,))
+        request["resourceSpans"][0]["scopeSpans"][0]["spans"] = [_SPAN_SENTINEL]
+        text = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
+        head, tail = text.split(json.dumps(_SPAN_SENTINEL), 1)
+        if len(_FRAMES) >= 64:
+            _FRAMES.clear()
+        entry = _FRAMES[key] = (resource, scope, head.encode("utf-8", "replace"),
+                                tail.encode("utf-8", "replace") + b"\n")
+    return entry[2], entry[3]
+
+
 def encode_span_line(span: ReadableSpan) -> bytes:
-    """One OTLP/JSON line holding one span (the write-ahead log's record)."""
-    return encode_line((span,))
+    """One OTLP/JSON line holding one span (the write-ahead log's record); the same bytes as
+    ``encode_line((span,))``, with the resource and scope encoded once per process."""
+    head, tail = _frame(span)
+    body = json.dumps(_span(span), ensure_ascii=False, separators=(",", ":"))
+    return head + body.encode("utf-8", "replace") + tail
 
 
 # --- the decoder --------------------------------------------------------------------------------
@@ -563,7 +591,7 @@ def request_to_otlp_json(request: Any) -> dict[str, Any]:
     """
     from google.protobuf import json_format
 
-    data = json_format.MessageToDict(request, use_integers_for_enums=True)
+    data: dict[str, Any] = json_format.MessageToDict(request, use_integers_for_enums=True)
     _hex_ids(data)
     return data
 

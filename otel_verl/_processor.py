@@ -57,7 +57,7 @@ class TrajectoryAttributesProcessor(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         current = self._current()
-        if not current or span.attributes.get(self._marker) is not None:
+        if not current or (span.attributes or {}).get(self._marker) is not None:
             return
         attrs, trajectory_span_id = current
         span.set_attributes(attrs)
@@ -201,7 +201,7 @@ class BoundedBatchProcessor(SpanProcessor):
         """Export the queue in batches: all of it, or only full batches (the rest waits for
         the schedule delay)."""
         while self._queue and (everything or self._full()):
-            batch = []
+            batch: list[ReadableSpan] = []
             size = 0
             while self._queue and len(batch) < self._batch and (
                     not batch or size < self._batch_bytes):

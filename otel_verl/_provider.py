@@ -123,7 +123,8 @@ def _weave_exporter(config: TraceConfig) -> SpanExporter:
     return otel_weave_exporter.WeaveSpanExporter(
         keep_trajectory_spans=config.weave_keep_trajectory,
         include_otel_attributes=config.weave_include_otel_attributes,
-        spool_dir=spool_dir, **common)
+        spool_dir=spool_dir, timeout_s=config.export_timeout_s, **common)
+
 
 def _durable(config: TraceConfig) -> bool:
     return config.durable and config.processor == "batch"
@@ -157,7 +158,8 @@ def durable(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
         exporter, spool_dir_for(config, exporter), max_spool_bytes=config.max_spool_bytes,
         max_request_bytes=config.max_request_bytes,
         max_batch_spans=config.max_export_batch_size, export_delay_s=config.export_delay_s,
-        shutdown_timeout_s=config.export_timeout_s)
+        shutdown_timeout_s=config.export_timeout_s,
+        max_overflow_bytes=config.max_queue_bytes // 4)
 
 
 def _otlp_exporter(config: TraceConfig) -> SpanExporter:

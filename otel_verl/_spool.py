@@ -27,8 +27,9 @@ just before a crash is sent again (backends that key by span id, like Weave, sho
 A span larger than ``max_request_bytes`` is cut to fit (its longest strings first) and marked
 ``otel_verl.truncated = true``. A span the backend keeps refusing while it accepts others is moved
 to ``quarantine/`` (counted, ``quarantined``) so it cannot block the log. A log write that fails
-(a full disk) is tried as a direct delivery instead; only when both fail are spans lost
-(``spool_failed``).
+(a full disk) is tried as a direct delivery instead, and while the backend is down too the spans
+wait in memory (``max_overflow_bytes``) until the disk or the backend takes them; only beyond
+that bound are spans lost (``spool_failed``).
 
 The exporter's own calls run with OpenTelemetry instrumentation suppressed, so an
 ``opentelemetry-instrument``-ed process does not trace its exporter's HTTP/gRPC requests.
@@ -36,6 +37,7 @@ The exporter's own calls run with OpenTelemetry instrumentation suppressed, so a
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -303,6 +305,9 @@ class DurableSpanExporter(SpanExporter):
         export_delay_s: a request that is not full leaves once its oldest span waited this long.
         retry_initial_s, retry_max_s: the backoff between attempts while the backend fails.
         shutdown_timeout_s: how long ``shutdown`` tries to deliver what is left.
+        max_overflow_bytes: while the log cannot be written (a full disk) and the backend does
+            not answer, spans wait in memory up to this many bytes; beyond, they are lost
+            (``spool_failed``).
 
     ``stats()`` keys: see :mod:`otel_verl.exporters`.
     """
@@ -312,7 +317,8 @@ class DurableSpanExporter(SpanExporter):
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  max_batch_spans: int = 512, export_delay_s: float = 5.0,
                  retry_initial_s: float = 0.5, retry_max_s: float = 5.0,
-                 shutdown_timeout_s: float = 5.0) -> None:
+                 shutdown_timeout_s: float = 5.0,
+                 max_overflow_bytes: int = 64 * 1024 * 1024) -> None:
         self.inner = inner
         self.directory = Path(directory).absolute()
         self.max_spool_bytes = max_spool_bytes
@@ -323,19 +329,25 @@ class DurableSpanExporter(SpanExporter):
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.max_overflow_bytes = max_overflow_bytes
         self._segment_bytes = max(64 * 1024, min(16 * 1024 * 1024, max_spool_bytes // 8))
+        self._max_hot_bytes = 4 * self.max_request_bytes
         self._counts: dict[str, int] = dict.fromkeys(
             ("spooled", "spool_failed", "delivered", "requests", "request_bytes", "retries",
              "truncated", "quarantined", "dropped_spool_full", "recovered"), 0)
-        self._stats_lock = threading.Lock()
-        self._send_lock = threading.Lock()  # inner.export is called by one thread at a time
         self._warned_outage = False
+        self._warned_disk = False
+        self._last_budget_warning = 0.0
+        self._backend_up = True
         self._closed = False
         self._start()
         _LIVE.add(self)
 
     # -- set-up (also after fork) ---------------------------------------------------------------
     def _start(self) -> None:
+        # new locks (also after fork: a lock held by a thread of the parent stays held)
+        self._stats_lock = threading.Lock()
+        self._send_lock = threading.Lock()  # inner.export is called by one thread at a time
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
         self._stream: _Stream | None = None
@@ -351,6 +363,12 @@ class DurableSpanExporter(SpanExporter):
         self._strikes: dict[tuple[str, tuple[int, int]], int] = {}
         self._adopted: list[_Stream] = []
         self._next_adopt = 0.0
+        self._overflow: collections.deque[tuple[list[bytes], list[ReadableSpan]]] = \
+            collections.deque()
+        self._overflow_bytes = 0
+        # what was just written, as spans: (segment, offset, bytes, span), bounded in bytes
+        self._hot: collections.deque[tuple[int, int, int, ReadableSpan]] = collections.deque()
+        self._hot_bytes = 0
         self._thread = threading.Thread(target=self._run, name="otel_verl-deliver", daemon=True)
         self._thread.start()
 
@@ -411,11 +429,9 @@ class DurableSpanExporter(SpanExporter):
         if not lines:
             return SpanExportResult.FAILURE
         try:
-            self._append(lines)
+            self._append(lines, fitted)
         except OSError as error:
-            _log.warning("otel_verl: could not write %d span(s) to the log in %s (%r); sending "
-                         "them directly", len(lines), self.directory, error)
-            return self._direct(fitted)
+            return self._log_full(lines, fitted, error)
         self._count(spooled=len(lines))
         self._enforce_budget()
         with self._cond:
@@ -425,7 +441,7 @@ class DurableSpanExporter(SpanExporter):
             self._cond.notify_all()
         return SpanExportResult.SUCCESS
 
-    def _append(self, lines: list[bytes]) -> None:
+    def _append(self, lines: list[bytes], spans: list[ReadableSpan] | None = None) -> None:
         data = b"".join(lines)
         with self._write_lock:
             if self._stream is None:
@@ -446,16 +462,76 @@ class DurableSpanExporter(SpanExporter):
                     except OSError:  # leave the torn line; the next segment starts clean
                         self._seg_size = self._segment_bytes
                 raise
+            if spans is not None:  # remember them: the sender need not read them back
+                offset = self._seg_size
+                for line, span in zip(lines, spans, strict=True):
+                    self._hot.append((self._seq, offset, len(line), span))
+                    offset += len(line)
+                self._hot_bytes += len(data)
+                while self._hot_bytes > self._max_hot_bytes and self._hot:
+                    self._hot_bytes -= self._hot.popleft()[2]
             self._seg_size += len(data)
 
-    def _direct(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def _direct(self, spans: Sequence[ReadableSpan], count_loss: bool = True) -> SpanExportResult:
         with self._send_lock:
             ok = call_export(self.inner, spans)
+        self._backend_up = ok
         if ok:
             self._count(delivered=len(spans), requests=1)
             return SpanExportResult.SUCCESS
-        self._count(spool_failed=len(spans))
+        if count_loss:
+            self._count(spool_failed=len(spans))
         return SpanExportResult.FAILURE
+
+    def _log_full(self, lines: list[bytes], spans: list[ReadableSpan],
+                  error: OSError) -> SpanExportResult:
+        """The log cannot grow (a full disk): send directly while the backend answers, else hold
+        the spans in memory (bounded) until the disk or the backend takes them."""
+        if not self._warned_disk:
+            self._warned_disk = True
+            _log.warning("otel_verl: cannot write to the log in %s (%r); sending directly, or "
+                         "holding up to %d bytes in memory", self.directory, error,
+                         self.max_overflow_bytes)
+        if self._backend_up and not self._overflow and \
+                self._direct(spans, count_loss=False) is SpanExportResult.SUCCESS:
+            return SpanExportResult.SUCCESS
+        size = sum(len(line) for line in lines)
+        with self._cond:
+            if self._overflow_bytes + size > self.max_overflow_bytes:
+                self._count(spool_failed=len(lines))
+                return SpanExportResult.FAILURE
+            self._overflow.append((lines, spans))
+            self._overflow_bytes += size
+            self._pending += len(lines)
+            if self._oldest_unsent is None:
+                self._oldest_unsent = time.monotonic()
+            self._cond.notify_all()
+        return SpanExportResult.SUCCESS
+
+    def _send_overflow(self) -> tuple[bool, bool]:
+        """The sender's side of ``_log_full``: into the log if the disk has room, else directly."""
+        lines, spans = self._overflow[0]
+        size = sum(len(line) for line in lines)
+        try:
+            self._append(lines)
+        except OSError:
+            with self._send_lock:
+                ok = call_export(self.inner, spans)
+            self._backend_up = ok
+            if not ok:
+                self._count(retries=1)
+                return False, True
+            with self._cond:
+                self._overflow.popleft()
+                self._overflow_bytes -= size
+                self._pending -= len(lines)
+            self._count(delivered=len(spans), requests=1, request_bytes=size)
+            return True, False
+        with self._cond:
+            self._overflow.popleft()
+            self._overflow_bytes -= size
+        self._count(spooled=len(lines))
+        return False, False
 
     def _write_end(self) -> tuple[int, int] | None:
         with self._write_lock:
@@ -478,9 +554,12 @@ class DurableSpanExporter(SpanExporter):
                     stream.save_cursor((segments[0], 0))
                     self._pending -= lost
                     self._count(dropped_spool_full=lost)
-                    _log.warning("otel_verl: the log in %s is over its %d-byte budget; dropped "
-                                 "the oldest %d span(s)", self.directory, self.max_spool_bytes,
-                                 lost)
+                    now = time.monotonic()
+                    if now - self._last_budget_warning > 20.0:
+                        self._last_budget_warning = now
+                        _log.warning("otel_verl: the log in %s is over its %d-byte budget; "
+                                     "dropping the oldest spans (%d so far)", self.directory,
+                                     self.max_spool_bytes, self._counts["dropped_spool_full"])
 
     # -- the sender -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -532,6 +611,8 @@ class DurableSpanExporter(SpanExporter):
 
     def _send_once(self) -> tuple[bool, bool]:
         """One request from an adopted log or this process's own; (delivered, failed)."""
+        if self._overflow:
+            return self._send_overflow()
         now = time.monotonic()
         if now >= self._next_adopt:
             self._next_adopt = now + 30.0
@@ -555,31 +636,37 @@ class DurableSpanExporter(SpanExporter):
                 self._adopted.pop(0)
                 return False, False
             return result, not result
-        stream = self._stream
+        mine = self._stream
         end = self._write_end()
-        if stream is None or end is None or self._pending <= 0:
+        if mine is None or end is None or self._pending <= 0:
             return False, False
-        result = self._send_from(stream, end, recovered=False)
+        result = self._send_from(mine, end, recovered=False)
         if result is None:
             with self._cond:
-                self._pending = 0
-                self._oldest_unsent = None
+                self._pending = sum(len(lines) for lines, _ in self._overflow)
+                self._oldest_unsent = None if not self._pending else self._oldest_unsent
             return False, False
         return result, not result
 
     def _send_from(self, stream: _Stream, end: tuple[int, int] | None,
                    recovered: bool) -> bool | None:
         """Send one request from ``stream``; None when it has nothing left, else success."""
-        lines, after = stream.read(stream.cursor, end, self.max_request_bytes - _REQUEST_OVERHEAD,
-                                   self._limit)
-        if not lines:
-            return None
-        spans = _decode(lines)
+        hot = None if recovered else self._take_hot(stream.cursor, end)
+        if hot is not None:
+            spans, after, size = hot
+            lines = [b""] * len(spans)  # only their number counts below
+        else:
+            lines, after = stream.read(stream.cursor, end,
+                                       self.max_request_bytes - _REQUEST_OVERHEAD, self._limit)
+            if not lines:
+                return None
+            spans = _decode(lines)
+            size = sum(len(line) for line in lines)
         ok = True
         if spans:
             with self._send_lock:
                 ok = call_export(self.inner, spans)
-        size = sum(len(line) for line in lines)
+        self._backend_up = ok
         if ok:
             self._count(delivered=len(spans), requests=1, request_bytes=size)
             if recovered:
@@ -595,6 +682,9 @@ class DurableSpanExporter(SpanExporter):
                 _log.warning("otel_verl: the backend accepts spans again; delivering the log")
             return True
         self._count(retries=1)
+        if hot is not None:
+            lines, _ = stream.read(stream.cursor, end, self.max_request_bytes - _REQUEST_OVERHEAD,
+                                   len(spans))
         if not self._warned_outage:
             self._warned_outage = True
             _log.warning("otel_verl: the backend did not accept %d span(s); they wait in %s and "
@@ -603,8 +693,35 @@ class DurableSpanExporter(SpanExporter):
         if len(lines) > 1:
             self._limit = max(1, len(lines) // 2)  # find a span the backend refuses, if any
             return False
-        self._probe(stream, end, lines[0], after, recovered)
+        if lines:
+            self._probe(stream, end, lines[0], after, recovered)
         return False
+
+    def _take_hot(self, cursor: tuple[int, int], end: tuple[int, int] | None
+                  ) -> tuple[list[ReadableSpan], tuple[int, int], int] | None:
+        """The next request from memory when the cursor is where the remembered spans start."""
+        limit = self.max_request_bytes - _REQUEST_OVERHEAD
+        with self._write_lock:
+            hot = self._hot
+            while hot and (hot[0][0], hot[0][1]) < cursor:
+                self._hot_bytes -= hot.popleft()[2]
+            if not hot or (hot[0][0], hot[0][1]) != cursor:
+                return None
+            spans: list[ReadableSpan] = []
+            size = 0
+            seq, offset = cursor
+            for entry_seq, entry_offset, nbytes, span in hot:
+                if len(spans) >= self._limit or (spans and size + nbytes > limit):
+                    break
+                if (entry_seq, entry_offset) != (seq, offset) or (
+                        end is not None and (entry_seq, entry_offset + nbytes) > end):
+                    break
+                spans.append(span)
+                size += nbytes
+                seq, offset = entry_seq, entry_offset + nbytes
+            if not spans:
+                return None
+        return spans, (seq, offset), size
 
     def _probe(self, stream: _Stream, end: tuple[int, int] | None, line: bytes,
                after: tuple[int, int], recovered: bool) -> None:
@@ -690,6 +807,7 @@ class DurableSpanExporter(SpanExporter):
     def stats(self) -> dict[str, int]:
         counts = dict(self._counts)
         counts["spool_pending"] = max(0, self._pending)
+        counts["spool_held_bytes"] = self._overflow_bytes
         stream = self._stream
         counts["spool_bytes"] = stream.size() if stream is not None else 0
         return counts

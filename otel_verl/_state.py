@@ -85,7 +85,7 @@ class Runtime:
     def shutdown(self, timeout_s: float) -> bool:
         """Flush, then stop the processor chain; both bounded by ``timeout_s`` in all."""
         half_ms = _half_millis(timeout_s)
-        done = self.provider.force_flush(half_ms)
+        done = self.provider.force_flush(half_ms)  # type: ignore[arg-type]  # inf works
         stopper: Callable[..., Any] = self.processor.shutdown
         try:
             if "timeout_millis" in inspect.signature(stopper).parameters:

@@ -98,7 +98,7 @@ def list_files(path: str | os.PathLike[str]) -> list[str]:
         return [path]
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no trace file or directory at {path}")
-    found = []
+    found: list[str] = []
     for root, dirs, files in os.walk(path):
         dirs.sort()
         found.extend(os.path.join(root, f) for f in files if f.endswith(FILE_SUFFIXES))
@@ -323,8 +323,8 @@ class Trajectory:
     @property
     def name(self) -> str:
         if self.root is not None:
-            return self.root["name"]
-        return self.tree[0].span["name"] if self.tree else ""
+            return str(self.root["name"])
+        return str(self.tree[0].span["name"]) if self.tree else ""
 
     @property
     def step(self) -> Any:
@@ -382,14 +382,14 @@ class Trajectory:
     @property
     def start_ns(self) -> int | None:
         if self.root is not None and self.root["start_ns"] is not None:
-            return self.root["start_ns"]
+            return int(self.root["start_ns"])
         starts = [s["start_ns"] for s in self.spans if s["start_ns"] is not None]
         return min(starts) if starts else None
 
     @property
     def end_ns(self) -> int | None:
         if self.root is not None and self.root["end_ns"] is not None:
-            return self.root["end_ns"]
+            return int(self.root["end_ns"])
         ends = [s["end_ns"] for s in self.spans if s["end_ns"] is not None]
         return max(ends) if ends else None
 

@@ -57,6 +57,8 @@ key                        meaning
                            (**lost**)
 ``spool_pending``          *gauge*: spans in this process's log not yet delivered
 ``spool_bytes``            *gauge*: bytes of this process's log on disk
+``spool_held_bytes``       *gauge*: bytes held in memory because the log cannot be written
+                           (a full disk) while the backend does not answer
 ========================== ==================================================================
 """
 

@@ -85,13 +85,14 @@ def test_outage_then_recovery_delivers_everything_in_the_same_process(tmp_path):
     inner = Switchable(up=False)
     tracer, processor, durable = pipeline(inner, tmp_path)
     ids = record(tracer, 300)
+    assert processor.force_flush_to_exporter(10)
     assert processor.force_flush(300) is False  # the backend is down: not delivered yet
     assert wait_for(lambda: durable.stats()["retries"] >= 1)
     stats = durable.stats()
     assert stats["spooled"] == 300 and stats["spool_pending"] == 300
     inner.up = True
     assert wait_for(lambda: inner.ids() >= ids)
-    assert processor.force_flush(2000)
+    assert processor.force_flush(10000)
     assert durable.stats()["spool_pending"] == 0 and durable.stats()["delivered"] >= 300
     assert all(inner.suppressed)  # the exporter's own calls are not traced
     processor.shutdown()
@@ -106,7 +107,7 @@ def test_requests_fill_up_and_stay_under_the_byte_cap(tmp_path):
     ids = record(tracer, 50, size=100)            # small spans, slowly: one request
     ids |= record(tracer, 30, size=10_000, prefix="big")  # ~10 KB each: 6 per request
     ids |= record(tracer, 1, size=200_000, prefix="huge")  # alone, cut to fit, marked
-    assert processor.force_flush(5000)
+    assert processor.force_flush(10000)
     assert inner.ids() == ids
     assert max(inner.sizes) <= cap
     assert len(inner.requests) <= 1 + 30 // 5 + 1 + 1
@@ -116,9 +117,9 @@ def test_requests_fill_up_and_stay_under_the_byte_cap(tmp_path):
 
 def test_truncated_span_is_marked(tmp_path):
     memory = InMemorySpanExporter()
-    tracer, processor, durable = pipeline(memory, tmp_path, max_request_bytes=8192)
+    tracer, processor, _ = pipeline(memory, tmp_path, max_request_bytes=8192)
     tracer.start_span("huge", attributes={"input.value": "y" * 100_000, "k": 1}).end()
-    assert processor.force_flush(3000)
+    assert processor.force_flush(10000)
     (span,) = memory.get_finished_spans()
     assert span.attributes[TRUNCATED_ATTRIBUTE] is True and span.attributes["k"] == 1
     assert len(_otlp_json.encode_line([span])) <= 8192
@@ -131,7 +132,7 @@ def test_log_is_bounded_in_bytes_and_drops_are_counted(tmp_path):
     tracer, processor, durable = pipeline(inner, tmp_path, max_spool_bytes=budget)
     for _ in range(10):
         record(tracer, 50, size=2000)
-        processor.force_flush(50)
+        assert processor.force_flush_to_exporter(10)  # into the log (not delivered)
     stats = durable.stats()
     assert stats["dropped_spool_full"] > 0
     assert stats["spool_bytes"] <= budget + durable._segment_bytes
@@ -146,7 +147,7 @@ def test_the_next_process_delivers_what_an_earlier_one_left(tmp_path):
     down = Switchable(up=False)
     tracer, processor, durable = pipeline(down, tmp_path)
     ids = record(tracer, 40)
-    processor.force_flush(200)
+    assert processor.force_flush_to_exporter(10)
     processor.shutdown(timeout_millis=500)  # still down: the spans stay in the log
     assert durable.stats()["spool_pending"] == 40
     assert {s["span_id"] for s in read_spans(tmp_path)} == ids  # readable as a store
@@ -162,7 +163,7 @@ def test_a_live_process_log_is_not_adopted(tmp_path):
     down = Switchable(up=False)
     tracer, processor, _ = pipeline(down, tmp_path)
     record(tracer, 5)
-    processor.force_flush(200)
+    assert processor.force_flush_to_exporter(10)
     other = Switchable()
     _, processor2, durable2 = pipeline(other, tmp_path)
     time.sleep(0.3)
@@ -174,12 +175,12 @@ def test_a_live_process_log_is_not_adopted(tmp_path):
 
 def test_replay_resumes_from_the_cursor_and_splits_by_bytes(tmp_path):
     flaky = Switchable()
-    tracer, processor, durable = pipeline(flaky, tmp_path, max_batch_spans=10)
+    tracer, processor, _ = pipeline(flaky, tmp_path, max_batch_spans=10)
     first = record(tracer, 10)
-    assert processor.force_flush(3000)
+    assert processor.force_flush(10000)
     flaky.up = False
     rest = record(tracer, 30, size=3000)
-    processor.force_flush(200)
+    assert processor.force_flush_to_exporter(10)
     processor.shutdown(timeout_millis=300)
     target = Switchable()
     sent, failed = replay(tmp_path, target, max_request_bytes=16 * 1024, remove=True)
@@ -225,12 +226,32 @@ def test_full_disk_sends_directly_and_counts_only_real_losses(tmp_path, monkeypa
     tracer, processor, durable = pipeline(inner, tmp_path)
     monkeypatch.setattr(_spool, "_write", full)
     ids = record(tracer, 20)
-    assert processor.force_flush(3000)
+    assert processor.force_flush(10000)
     assert inner.ids() == ids and durable.stats()["spool_failed"] == 0
     inner.up = False
-    record(tracer, 5)
-    processor.force_flush(500)
-    assert durable.stats()["spool_failed"] == 5  # no disk and no backend: lost, and counted
+    held = record(tracer, 5)
+    assert processor.force_flush_to_exporter(10)
+    stats = durable.stats()  # no disk and no backend: held in memory, not lost
+    assert stats["spool_failed"] == 0 and stats["spool_held_bytes"] > 0
+    assert stats["spool_pending"] == 5
+    inner.up = True
+    assert wait_for(lambda: inner.ids() >= held)
+    assert durable.stats()["spool_held_bytes"] == 0 and durable.stats()["spool_pending"] == 0
+    processor.shutdown(timeout_millis=300)
+
+
+def test_full_disk_and_no_backend_beyond_the_memory_bound_counts_the_loss(tmp_path, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_spool, "_write", full)
+    inner = Switchable(up=False)
+    tracer, processor, durable = pipeline(inner, tmp_path, max_overflow_bytes=20_000)
+    record(tracer, 200, size=500)
+    assert processor.force_flush_to_exporter(10)
+    stats = durable.stats()
+    assert stats["spool_failed"] > 0 and stats["spool_held_bytes"] <= 20_000
+    assert stats["spool_failed"] + stats["spool_pending"] == 200
     processor.shutdown(timeout_millis=300)
 
 
@@ -247,10 +268,10 @@ def test_partial_write_on_a_full_disk_is_cut_back(tmp_path, monkeypatch):
 
     inner = Switchable(up=False)
     monkeypatch.setattr(_spool, "_write", half_then_full)
-    tracer, processor, durable = pipeline(inner, tmp_path)
+    tracer, processor, _ = pipeline(inner, tmp_path)
     for _ in range(3):
         record(tracer, 4)
-        processor.force_flush(100)
+        assert processor.force_flush_to_exporter(10)
     for path in tmp_path.glob("wal-*.jsonl"):
         for line in path.read_bytes().splitlines():
             json.loads(line)  # every line whole
@@ -272,3 +293,18 @@ def test_odd_timeouts_are_bounded(tmp_path, timeout):
     durable = DurableSpanExporter(Switchable(), tmp_path, shutdown_timeout_s=0.5)
     assert durable.force_flush(timeout) in (True, False)
     durable.shutdown(timeout_millis=timeout if timeout != float("inf") else 500)
+
+
+def test_the_log_line_is_the_store_line_of_one_span():
+    from opentelemetry.sdk.resources import Resource
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "s", "k": "ü\ud800"}))
+    memory = InMemorySpanExporter()
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("scope", "1.0", schema_url="https://schema")
+    tracer.start_span("a", attributes={"x": "\ud800 lone", "n": 10**30}).end()
+    tracer.start_span("b").end()
+    for span in memory.get_finished_spans():
+        assert _otlp_json.encode_span_line(span) == _otlp_json.encode_line((span,))

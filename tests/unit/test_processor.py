@@ -9,14 +9,13 @@ import time
 
 import pytest
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
-
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_verl import RolloutTraceConfig, rollout_trace_op
-from otel_verl._processor import BoundedBatchProcessor
 from otel_verl._config import ConfigError, resolve_config
+from otel_verl._processor import BoundedBatchProcessor
 from otel_verl._spool import DurableSpanExporter, replay
 from otel_verl.store import read_spans
 
