@@ -214,8 +214,9 @@ def timing(args: argparse.Namespace) -> None:
         print(f"  {mode:5s} {med[mode]:9.1f} µs | {med_process[mode]:9.1f} µs")
     ran = tail_stats.get("tail_ran", 0)
     kept = sum(v for k, v in tail_stats.items() if k.startswith("tail_kept."))
-    print(f"  (tail: {kept}/{ran} trajectories exported per round, "
-          f"{tail_stats.get('tail_kept.head', 0)} by the head rule)")
+    print(f"  (tail: {kept}/{ran} trajectories exported in a round, "
+          f"{tail_stats.get('tail_kept.head', 0)} of them with the head weight; a head-picked "
+          f"one a tail rule matches counts under that rule)")
     print("ratios (event loop | process):")
     for a, b in (("tail", "all"), ("tail", "head"), ("head", "all"), ("all", "off")):
         print(f"  {a} / {b:4s}  {med[a] / med[b]:5.2f}x | {med_process[a] / med_process[b]:5.2f}x")
