@@ -12,8 +12,9 @@ Prints, as medians over interleaved rounds (this machine is shared and noisy):
   2. peak memory of the buffer with 10,000 concurrent undecided trajectories (tracemalloc,
      against the same 10,000 trajectories unsampled), and the buffer's own byte estimate.
 
-Exports go to a null exporter through the default batch processor, so the export thread's share
-of the GIL is part of the figures. Run: `python3 -m nox -s bench` or
+Exports go to a null exporter through the default chain (batch processor, redaction on the export
+thread, the durable log in a temporary directory), so the export thread's share of the CPU and the
+GIL is part of the "whole process" figures. Run: `python3 -m nox -s bench` or
 `python bench/bench_tail.py [--rounds 5 --samples 64]`.
 """
 
@@ -24,8 +25,10 @@ import asyncio
 import gc
 import os
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import tracemalloc
 
@@ -101,11 +104,15 @@ def plan(samples: int, seed: int) -> list[tuple[int, int, bool, float]]:
     return rows
 
 
+TRACE_DIR = tempfile.mkdtemp(prefix="bench_tail_")  # the durable log's files go here
+
+
 def init(mode: str, exporter: NullExporter, **extra) -> None:
     RolloutTraceConfig.reset()
     if mode == "off":
         return
-    options = {"max_samples_per_step_per_worker": None if mode == "all" else 1, **extra}
+    options = {"max_samples_per_step_per_worker": None if mode == "all" else 1,
+               "trace_dir": TRACE_DIR, **extra}
     if mode == "tail":
         options.update(tail_keep=RULES, group_size=N)
     RolloutTraceConfig.init("bench", "bench", "console", exporter=exporter, **options)
@@ -188,6 +195,7 @@ def main() -> None:
         timing(args)
     if args.only != "timing":
         memory(args)
+    shutil.rmtree(TRACE_DIR, ignore_errors=True)
 
 
 def timing(args: argparse.Namespace) -> None:
