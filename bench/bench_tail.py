@@ -12,8 +12,9 @@ Prints, as medians over interleaved rounds (this machine is shared and noisy):
   2. peak memory of the buffer with 10,000 concurrent undecided trajectories (tracemalloc,
      against the same 10,000 trajectories unsampled), and the buffer's own byte estimate.
 
-Exports go to a null exporter through the default batch processor, so the export thread's share
-of the GIL is part of the figures. Run: `python3 -m nox -s bench` or
+Exports go to a null exporter through the default chain (batch processor, redaction on the export
+thread, the durable log in a temporary directory), so the export thread's share of the CPU and the
+GIL is part of the "whole process" figures. Run: `python3 -m nox -s bench` or
 `python bench/bench_tail.py [--rounds 5 --samples 64]`.
 """
 
@@ -24,8 +25,10 @@ import asyncio
 import gc
 import os
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import tracemalloc
 
@@ -101,11 +104,15 @@ def plan(samples: int, seed: int) -> list[tuple[int, int, bool, float]]:
     return rows
 
 
-def init(mode: str, exporter: NullExporter) -> None:
+TRACE_DIR = tempfile.mkdtemp(prefix="bench_tail_")  # the durable log's files go here
+
+
+def init(mode: str, exporter: NullExporter, **extra) -> None:
     RolloutTraceConfig.reset()
     if mode == "off":
         return
-    options = {"max_samples_per_step_per_worker": None if mode == "all" else 1}
+    options = {"max_samples_per_step_per_worker": None if mode == "all" else 1,
+               "trace_dir": TRACE_DIR, **extra}
     if mode == "tail":
         options.update(tail_keep=RULES, group_size=N)
     RolloutTraceConfig.init("bench", "bench", "console", exporter=exporter, **options)
@@ -140,18 +147,25 @@ def run_steps(mode: str, steps: int, rows) -> tuple[float, float, dict[str, int]
 
 
 def peak_memory(mode: str, count: int) -> tuple[int, dict[str, int]]:
-    """tracemalloc peak while ``count`` trajectories are open at once (between their turns)."""
+    """Memory (tracemalloc) while ``count`` trajectories are open at once, between their turns,
+    after a flush (so the export queue is empty). The buffer limit is raised out of the way."""
     exporter = NullExporter()
-    init(mode, exporter)
+    if mode == "tail":
+        init(mode, exporter, tail_buffer_bytes=1 << 31)
+    else:
+        init(mode, exporter)
     loop = Loop()
     rows = plan(count // N, seed=7)
+    traced = mode == "all"
 
     async def main() -> int:
         gate = asyncio.Event()
-        tasks = [asyncio.ensure_future(trajectory(loop, 0, s, n, False, fail, score, gate))
+        tasks = [asyncio.ensure_future(trajectory(loop, 0, s, n, traced, fail, score, gate))
                  for s, n, fail, score in rows]
         for _ in range(20):  # every task reaches the gate
             await asyncio.sleep(0)
+        RolloutTraceConfig.flush(30.0)
+        gc.collect()
         current, _ = tracemalloc.get_traced_memory()
         gate.set()
         await asyncio.gather(*tasks)
@@ -175,7 +189,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrent", type=int, default=10_000)
+    parser.add_argument("--only", choices=("timing", "memory"), help="one part of the run")
     args = parser.parse_args()
+    if args.only != "memory":
+        timing(args)
+    if args.only != "timing":
+        memory(args)
+    shutil.rmtree(TRACE_DIR, ignore_errors=True)
+
+
+def timing(args: argparse.Namespace) -> None:
     rows = plan(args.samples, seed=1)
     modes = ("off", "all", "head", "tail")
     times: dict[str, list[float]] = {m: [] for m in modes}
@@ -199,20 +222,28 @@ def main() -> None:
         print(f"  {mode:5s} {med[mode]:9.1f} µs | {med_process[mode]:9.1f} µs")
     ran = tail_stats.get("tail_ran", 0)
     kept = sum(v for k, v in tail_stats.items() if k.startswith("tail_kept."))
-    print(f"  (tail: {kept}/{ran} trajectories exported per round, "
-          f"{tail_stats.get('tail_kept.head', 0)} by the head rule)")
+    print(f"  (tail: {kept}/{ran} trajectories exported in a round, "
+          f"{tail_stats.get('tail_kept.head', 0)} of them with the head weight; a head-picked "
+          f"one a tail rule matches counts under that rule)")
     print("ratios (event loop | process):")
     for a, b in (("tail", "all"), ("tail", "head"), ("head", "all"), ("all", "off")):
         print(f"  {a} / {b:4s}  {med[a] / med[b]:5.2f}x | {med_process[a] / med_process[b]:5.2f}x")
-    base, _ = peak_memory("head", args.concurrent)
+
+
+def memory(args: argparse.Namespace) -> None:
+    unsampled, _ = peak_memory("head", args.concurrent)
+    traced, _ = peak_memory("all", args.concurrent)
     with_tail, stats = peak_memory("tail", args.concurrent)
-    held = with_tail - base
-    print(f"{args.concurrent} concurrent undecided trajectories (each: 2 spans open, 2 buffered):")
-    print(f"  tracemalloc: {held / 2**20:.1f} MiB more than unsampled "
-          f"({held / args.concurrent:.0f} B per trajectory: open spans + buffered spans)")
-    print(f"  the buffer's own estimate, peak: {stats.get('tail_peak_buffer_bytes', 0) / 2**20:.1f}"
-          f" MiB (limit tail_buffer_bytes = 64 MiB); trajectories spilled: "
+    buffer = with_tail - traced
+    estimate = stats.get("tail_peak_buffer_bytes", 0)
+    print(f"{args.concurrent} concurrent undecided trajectories (each: 2 spans open, 2 ended):")
+    print(f"  the buffer (tail - traced, both flushed): {buffer / 2**20:.1f} MiB, "
+          f"{buffer / args.concurrent:.0f} B per trajectory")
+    print(f"  its own estimate (what tail_buffer_bytes bounds): {estimate / 2**20:.1f} MiB "
+          f"({estimate / max(1, buffer):.2f}x the measured); spilled: "
           f"{stats.get('tail_spilled', 0)}")
+    print(f"  provisional recording in all (tail - unsampled): {(with_tail - unsampled) / 2**20:.1f}"
+          f" MiB, {(with_tail - unsampled) / args.concurrent:.0f} B per trajectory")
 
 
 if __name__ == "__main__":

@@ -197,11 +197,16 @@ def _parse_opt_int(minimum: int) -> Callable[[Any], int | None]:
 
 
 def _parse_tail_keep(value: Any) -> tuple[str, ...]:
-    """A list of rules, or a comma-separated string (the environment's form); empty = off."""
+    """A list of rules, or a comma-separated string (the environment's form, or Hydra's
+    ``[errors,groups]``); empty = off."""
     if value is None:
         return ()
     if isinstance(value, str):
-        items: list[Any] = [part for part in value.split(",") if part.strip()]
+        text = value.strip()
+        if text.startswith("[") and text.endswith("]"):  # a Hydra list on the command line
+            text = text[1:-1]
+        items: list[Any] = [part.strip().strip("'\"") for part in text.split(",")
+                            if part.strip()]
         if [part.strip().lower() for part in items] in (["none"], ["null"]):
             items = []
     elif isinstance(value, Iterable) and not _is_mapping(value):  # list, tuple, ListConfig

@@ -75,3 +75,27 @@ def test_numpy_indices_are_the_same_samples():
     assert all(type(i) is int for i in sampler.select(np.arange(50)))
     assert sampler.should_trace(np.int32(7), step=1) == TrajectorySampler(3, "exp").should_trace(
         7, step=1)
+
+
+def test_head_weight_is_population_over_chosen():
+    sampler = TrajectorySampler(2, "exp")
+    chosen = sampler.select(list(range(10)) * 4)  # 10 unique samples, 4 rollouts each
+    assert all(sampler.weight(i) == 5.0 for i in chosen)
+    small = TrajectorySampler(8, "exp")
+    assert all(small.weight(i) == 1.0 for i in small.select(range(3)))  # all traced
+    assert TrajectorySampler(None, "exp").weight(3) == 1.0
+    streaming = TrajectorySampler(2, "exp", fraction=0.25)
+    assert streaming.weight(7) == 4.0  # not chosen by select: the streaming form's 1/fraction
+
+
+def test_sampling_attributes_say_head_all_or_provisional():
+    from otel_verl import semconv
+    from otel_verl._sampling import sampling_attributes
+
+    sampler = TrajectorySampler(1, "exp")
+    (chosen,) = sampler.select(range(4))
+    assert sampling_attributes(sampler, chosen, False) == {
+        semconv.ROLLOUT_SAMPLING_REASON: "head", semconv.ROLLOUT_SAMPLING_WEIGHT: 4.0}
+    assert sampling_attributes(TrajectorySampler(None, "e"), 0, False)[
+        semconv.ROLLOUT_SAMPLING_REASON] == "all"
+    assert sampling_attributes(sampler, 1, True) == {semconv.OTEL_VERL_PROVISIONAL: True}

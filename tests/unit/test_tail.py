@@ -436,3 +436,46 @@ def test_span_bytes_grows_with_payload():
     big.end()
     a, b = exporter.get_finished_spans()
     assert span_bytes(b) - span_bytes(a) >= 10_000
+
+
+# --- configuration --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("explicit", "verl", "environ", "keep", "group"), [
+    ({}, None, {}, (), None),
+    ({}, None, {"OTEL_VERL_TAIL_KEEP": "errors, groups", "OTEL_VERL_GROUP_SIZE": "8"},
+     ("errors", "groups"), 8),
+    ({}, ["actor_rollout_ref.rollout.n=5", "actor_rollout_ref.rollout.trace.tail_keep=[errors]"],
+     {"OTEL_VERL_GROUP_SIZE": "8"}, ("errors",), 5),  # verl's n beats the environment
+    ({}, {"actor_rollout_ref": {"rollout": {"n": 4, "trace": {"tail_keep": ["truncated"]}}}},
+     {}, ("truncated",), 4),
+    ({"tail_keep": ["groups", "errors", "groups"], "group_size": 2},
+     ["actor_rollout_ref.rollout.n=5"], {}, ("groups", "errors"), 2),
+    ({}, None, {"OTEL_VERL_TAIL_KEEP": "errors,nonsense"}, (), None),  # bad env: warned, ignored
+    ({}, None, {"OTEL_VERL_TAIL_KEEP": "none"}, (), None),
+])
+def test_tail_configuration_precedence(explicit, verl, environ, keep, group):
+    from otel_verl._config import resolve_config
+
+    config = resolve_config(explicit, verl, environ)
+    assert config.tail_keep == keep and config.group_size == group
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("tail_keep", ["errors", "sometimes"]), ("tail_keep", 3), ("group_size", 0),
+    ("tail_reward_z", 0), ("tail_reward_z", float("nan")), ("tail_max_per_step_per_worker", -1),
+    ("tail_buffer_bytes", -5), ("tail_group_timeout_s", 0),
+])
+def test_bad_tail_values_raise_naming_the_key(key, value):
+    from otel_verl._config import ConfigError, resolve_config
+
+    with pytest.raises(ConfigError, match=key):
+        resolve_config({key: value}, None, {})
+
+
+def test_tail_configuration_travels_to_workers():
+    from otel_verl._config import resolve_config
+
+    config = resolve_config({"tail_keep": "errors,groups", "group_size": 4}, None, {})
+    worker = resolve_config(None, None, {"OTEL_VERL_CONFIG": config.to_json()})
+    assert worker.tail_keep == ("errors", "groups") and worker.group_size == 4
