@@ -154,7 +154,8 @@ def test_the_next_process_delivers_what_an_earlier_one_left(tmp_path):
     up = Switchable()
     _, processor2, durable2 = pipeline(up, tmp_path)
     assert wait_for(lambda: up.ids() >= ids)
-    assert durable2.stats()["recovered"] == 40
+    # counted just after the export returns: wait for it too (a race under load otherwise)
+    assert wait_for(lambda: durable2.stats()["recovered"] == 40)
     processor2.shutdown()
     assert not list(tmp_path.glob("wal-*"))
 
