@@ -69,7 +69,7 @@ def _dumps_std(value: Any) -> str:
 def _dumps(value: Any) -> str:
     if _orjson is not None:
         try:
-            return _orjson.dumps(value).decode("utf-8")
+            return str(_orjson.dumps(value), "utf-8")
         except (TypeError, ValueError):  # e.g. a case the walker let through: use the reference
             pass
     return _dumps_std(value)
@@ -242,16 +242,16 @@ class _Walker:
         pydantic = sys.modules.get("pydantic")
         if pydantic is not None and issubclass(kind, pydantic.BaseModel):
             values = object.__getattribute__(obj, "__dict__")
-            fields = kind.model_fields
+            fields: Any = getattr(kind, "model_fields", {})  # a class attribute (pydantic v2)
             items = [(name, values.get(name)) for name in fields if name in values]
             extra = object.__getattribute__(obj, "__pydantic_extra__")
             if type(extra) is dict:
                 items.extend(extra.items())
             return self._mapping(None, items, depth)
         if dataclasses.is_dataclass(kind):
-            items = ((f.name, object.__getattribute__(obj, f.name))
+            pairs = ((f.name, object.__getattribute__(obj, f.name))
                      for f in dataclasses.fields(kind))
-            return self._mapping(None, items, depth)
+            return self._mapping(None, pairs, depth)
         if issubclass(kind, datetime):
             return self.string(datetime.isoformat(obj))
         if issubclass(kind, date):
