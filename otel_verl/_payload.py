@@ -316,8 +316,15 @@ class _Walker:
                     break
                 chunk = obj[start:start + _CHUNK]
                 if _small_ints(chunk):  # token ids: the common large case, at C speed
+                    size = len(repr(chunk)) - len(chunk)  # JSON has no space after commas
+                    if size > self.budget:  # take what fits, then the count of the rest
+                        keep = len(chunk) * self.budget // size
+                        out.extend(chunk[:keep])
+                        self.budget = 0
+                        start += keep
+                        continue
                     out.extend(chunk)
-                    self.budget -= len(repr(chunk)) - len(chunk)
+                    self.budget -= size
                 else:
                     for item in chunk:
                         if self.budget <= 0:
@@ -402,7 +409,7 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     """
     max_bytes = max(256, max_bytes)
     try:
-        walker = _Walker(redact, max_bytes - 64)  # room for the closing marks
+        walker = _Walker(redact, max_bytes - max(64, max_bytes // 32))  # room for the marks
         data = walker.walk(value)
         text = _dumps(data)
     except Exception as exc:  # the walker guards itself; this is the last line of defence

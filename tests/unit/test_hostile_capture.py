@@ -292,8 +292,10 @@ def test_walk_stops_at_the_cap():
 
 
 def test_long_token_list_is_cut_with_a_count():
-    data = json.loads(to_payload({"ids": list(range(128 * 1024))}, max_bytes=65536).json)
+    payload = to_payload({"ids": list(range(100_000, 100_000 + 128 * 1024))}, max_bytes=65536)
+    data = json.loads(payload.json)
     assert data["ids"][-1].startswith("…[") and len(data["ids"]) < 20000
+    assert len(payload.json) > 60000  # the cap is used, not a shrunken remainder
 
 
 # --- issue 9, item 5: the remaining capture defects ---------------------------------------------
