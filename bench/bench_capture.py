@@ -14,6 +14,7 @@ Medians of interleaved rounds. Run: ``python bench/bench_capture.py`` (any venv 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -60,6 +61,8 @@ def _inputs() -> dict[str, Any]:
 
 def bench_capture(repeat: int, compare: bool) -> None:
     data = _inputs()
+    gc.collect()
+    gc.freeze()  # the inputs' millions of objects are not the collector's work during timing
     encoders = [("orjson" if _payload._orjson is not None else "json", _payload._orjson)]
     if compare and _payload._orjson is not None:
         encoders.append(("json", None))

@@ -51,7 +51,7 @@ MAX_INT_BITS = 4096
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 #: a key longer than this is cut
 MAX_KEY_CHARS = 256
-_CHUNK = 256
+_CHUNK = 512
 #: characters a secret is made of: a string cut inside such a run is cut before the run, so no
 #: prefix of a key is left where the span-end scan can no longer recognise it
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+/=.")
@@ -315,8 +315,8 @@ class _Walker:
                     out.append(LIST_MARK.format(n=total - start))
                     break
                 chunk = obj[start:start + _CHUNK]
-                if _small_ints(chunk):  # token ids: the common large case, at C speed
-                    size = len(repr(chunk)) - len(chunk)  # JSON has no space after commas
+                size = _plain_size(chunk)
+                if size:  # token ids, scores: the common large case, at C speed
                     if size > self.budget:  # take what fits, then the count of the rest
                         keep = len(chunk) * self.budget // size
                         out.extend(chunk[:keep])
@@ -385,14 +385,28 @@ class _Walker:
 _UNKNOWN: Any = object()
 
 
-def _small_ints(chunk: list[Any] | tuple[Any, ...]) -> bool:
+def _plain_size(chunk: list[Any] | tuple[Any, ...]) -> int:
+    """The JSON size of a chunk of plain numbers (ints within 64 bits, finite floats, bools,
+    None), with its commas; 0 when anything else is in it (then it is walked item by item)."""
     if not chunk:
-        return True
+        return 1
+    if _orjson is not None:  # C speed: encode, then check nothing but numbers came out
+        try:
+            data = _orjson.dumps(chunk)
+        except Exception:  # a big int, a numpy scalar, an unknown type: walk it
+            return 0
+        if b'"' in data or b"{" in data or data.count(b"[") != 1 or b"null" in data:
+            return 0  # strings, containers, NaN (written as null) need the walk's rules
+        return len(data) - 1
     try:
-        return set(map(type, chunk)) == {int} and min(chunk) >= _INT64_MIN and \
-            max(chunk) <= _UINT64_MAX
+        if set(map(type, chunk)) != {int}:
+            return 0
+        low, high = min(chunk), max(chunk)
     except Exception:
-        return False
+        return 0
+    if low < _INT64_MIN or high > _UINT64_MAX:
+        return 0
+    return len(chunk) * (max(len(str(high)), len(str(low))) + 1)  # an upper bound
 
 
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
