@@ -2,7 +2,7 @@
 
 One walk over the value converts it to JSON-compatible data and stops once the field's byte
 budget is spent: a 128k-token list or a million-key dict costs about what one at the cap costs
-(the rest is summarised as ``…[N more items]``). Only these are unpacked, decided by ``type()``
+(the rest is summarised as ``...[N more items]``). Only these are unpacked, decided by ``type()``
 (which a proxy cannot fake): mappings, lists/tuples/sets/deques, real pydantic models (their
 fields, without calling ``model_dump``), dataclasses (their fields), numpy arrays and scalars,
 torch tensors (neither imported here), enums, bytes, dates, paths, UUIDs, decimals. Anything else
@@ -40,8 +40,8 @@ from otel_verl._scrub import REDACTED, fix_surrogates, is_sensitive_key, scrub
 __all__ = ["LIST_MARK", "MAX_DEPTH", "REDACTED", "TRUNCATION_MARK", "Payload", "is_sensitive_key",
            "redact_text", "to_payload"]
 
-TRUNCATION_MARK = "…[truncated {n} chars]"
-LIST_MARK = "…[{n} more items]"
+TRUNCATION_MARK = "...[truncated {n} chars]"  # ASCII: keeps ASCII payloads ASCII
+LIST_MARK = "...[{n} more items]"
 KEYS_MARK = "[{n} more keys]"
 MAX_DEPTH = 32
 #: ints beyond this many bits are recorded as a note (str() of huge ints is quadratic and
@@ -275,12 +275,12 @@ class _Walker:
         for key, value in items:
             if self.budget <= 0:
                 self.cut = True
-                out["…"] = (KEYS_MARK.format(n=len(obj) - done) if obj is not None
+                out["..."] = (KEYS_MARK.format(n=len(obj) - done) if obj is not None
                             else "[more keys]")
                 break
             name = key if type(key) is str else self._key(key)
             if len(name) > MAX_KEY_CHARS:
-                name = name[:MAX_KEY_CHARS] + "…"
+                name = name[:MAX_KEY_CHARS] + "..."
             name = fix_surrogates(name)
             self.budget -= len(name) + 4
             if self.redact and value is not None and is_sensitive_key(name):
@@ -337,7 +337,7 @@ class _Walker:
         for item in obj:  # an iterator over a list/tuple subclass's items
             if self.budget <= 0:
                 self.cut = True
-                out.append("…[more items]")
+                out.append("...[more items]")
                 break
             out.append(self.walk(item, depth + 1))
         return out

@@ -285,9 +285,25 @@ def scrub(text: str, extra: Sequence[re.Pattern[str]] = ()) -> tuple[str, int]:
     """
     if type(text) is not str:
         text = str.__str__(text)
-    text = fix_surrogates(text)
     if len(text) < 5:
-        return text, 0
+        return fix_surrogates(text), 0
+    if len(text) <= _SHORT and not extra:  # names, kinds, ids: the same few values on every span
+        out, count = _scrub_short(text)
+        return (text, 0) if out is None else (out, count)
+    return _scrub(text, extra)
+
+
+_SHORT = 256
+
+
+@functools.lru_cache(maxsize=4096)
+def _scrub_short(text: str) -> tuple[str | None, int]:
+    out, count = _scrub(text, ())
+    return (None, 0) if out is text else (out, count)
+
+
+def _scrub(text: str, extra: Sequence[re.Pattern[str]]) -> tuple[str, int]:
+    text = fix_surrogates(text)
     finder = _Finder(text)
     finder.runs()
     finder.anchored()

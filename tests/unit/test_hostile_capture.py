@@ -288,13 +288,13 @@ def test_walk_stops_at_the_cap():
     payload = to_payload(big, max_bytes=65536)
     assert big.seen < 6000  # ~14 bytes per entry: the cap's worth, not a million
     data = json.loads(payload.json)
-    assert payload.truncated and data["…"].endswith("more keys]")
+    assert payload.truncated and data["..."].endswith("more keys]")
 
 
 def test_long_token_list_is_cut_with_a_count():
     payload = to_payload({"ids": list(range(100_000, 100_000 + 128 * 1024))}, max_bytes=65536)
     data = json.loads(payload.json)
-    assert data["ids"][-1].startswith("…[") and len(data["ids"]) < 20000
+    assert data["ids"][-1].startswith("...[") and len(data["ids"]) < 20000
     assert len(payload.json) > 60000  # the cap is used, not a shrunken remainder
 
 
