@@ -68,6 +68,7 @@ _SAFE_KEYS = frozenset({
     "special_token", "stop_token", "max_token", "end_token", "start_token", "last_token",
     "first_token", "next_token", "num_token", "image_token", "vision_token", "think_token",
     "tool_call_token", "author", "authors", "authority",
+    "session.id",  # OpenInference's conversation grouping (a trajectory id), not a credential
 })
 
 
@@ -79,7 +80,7 @@ def is_sensitive_key(key: str) -> bool:
     """
     name = key.lower()
     tail = name.rsplit(".", 1)[-1]
-    if tail in _SAFE_KEYS:
+    if tail in _SAFE_KEYS or name in _SAFE_KEYS:
         return False
     return _SENSITIVE_KEY.search(name) is not None
 
