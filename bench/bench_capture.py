@@ -92,16 +92,17 @@ def _texts(size: int) -> dict[str, str]:
     words = ("the model called the calculator tool and returned the final answer of the sum "
              "which is correct because twelve times seven is eighty four").split()
     chat = []
-    while sum(len(m["content"]) + 40 for m in chat) < size:
-        chat.append({"role": rng.choice(["user", "assistant", "tool"]),
-                     "content": " ".join(rng.choice(words) for _ in range(60))})
+    total = 0
+    while total < size:
+        content = " ".join(rng.choice(words) for _ in range(60))
+        chat.append({"role": rng.choice(["user", "assistant", "tool"]), "content": content})
+        total += len(content) + 40
     chat_text = json.dumps({"messages": chat}, ensure_ascii=False)[:size]
-    noisy = []
-    while sum(len(m) for m in noisy) < size:
-        noisy.append(json.dumps({"api_key": "sk-proj-" + "a1" * 12, "password": "hunter2",
-                                 "url": "https://u:p@h/x", "note": "Bearer abcdef1234567890",
-                                 "max_tokens": 5, "time": "12:30:45", "x": "y=z"}))
-    return {"token_ids": ids, "chat_json": chat_text, "secrets_dense": "".join(noisy)[:size]}
+    record = json.dumps({"api_key": "sk-proj-" + "a1" * 12, "password": "hunter2",
+                         "url": "https://u:p@h/x", "note": "Bearer abcdef1234567890",
+                         "max_tokens": 5, "time": "12:30:45", "x": "y=z"})
+    noisy = record * (size // len(record) + 1)
+    return {"token_ids": ids, "chat_json": chat_text, "secrets_dense": noisy[:size]}
 
 
 def bench_scrub(repeat: int) -> None:

@@ -128,6 +128,7 @@ CATALOGUE: tuple[str, ...] = (*(name for name, _ in _TOKEN_RULES), "pem_private_
 #: characters that cannot be part of a secret value: whitespace, quotes, the JSON escape char
 _VALUE = r"[^\s\"'\\,;&<>{}\[\]`|]"
 
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 _NAME_MASK = bytes(ord("k") if (chr(i).isascii() and (chr(i).isalnum() or chr(i) in "_.-"))
                    else ord(" ") for i in range(256))
 _MAX_KEY = 64
@@ -206,12 +207,18 @@ class _Finder:
         ``is_sensitive_key``, so the cost follows the number of separators, not of keywords.
         """
         text = self.text
-        # name characters -> "k", others -> " ": a name's start is one rfind away (C speed)
-        names = self.ascii.translate(_NAME_MASK)
+        # where separators are dense, a mask (name characters -> "k", others -> " ") puts a
+        # name's start one rfind away; where they are few, a short loop per separator is cheaper
+        names: bytes | None = None
+        dense = len(text) >> 9
+        visits = 0
         spans = self.spans
         for sep in (":", "="):
             pos = text.find(sep)
             while pos != -1:
+                visits += 1
+                if names is None and visits > dense:
+                    names = self.ascii.translate(_NAME_MASK)
                 end = pos
                 while end > 0 and pos - end < 8 and text[end - 1] in " \t":
                     end -= 1
@@ -221,7 +228,12 @@ class _Finder:
                     if end > 0 and text[end - 1] == "\\":
                         end -= 1
                 floor = max(0, end - _MAX_KEY)
-                start = names.rfind(b" ", floor, end) + 1 or floor
+                if names is not None:
+                    start = names.rfind(b" ", floor, end) + 1 or floor
+                else:
+                    start = end
+                    while start > floor and text[start - 1] in _NAME_CHARS:
+                        start -= 1
                 if start < end and is_sensitive_key(text[start:end]) and \
                         (not quoted or (start > 0 and text[start - 1] in "\"'")):
                     match = (_QUOTED_VALUE if quoted else _PLAIN_VALUE).match(text, pos + 1)
@@ -230,9 +242,10 @@ class _Finder:
                 pos = text.find(sep, pos + 1)
         pos = text.find("--")
         while pos != -1:
-            end = names.find(b" ", pos + 2, pos + 2 + _MAX_KEY)
-            if end == -1:
-                end = min(len(text), pos + 2 + _MAX_KEY)
+            end = pos + 2
+            ceiling = min(len(text), end + _MAX_KEY)
+            while end < ceiling and text[end] in _NAME_CHARS:
+                end += 1
             if end > pos + 2 and _boundary_ok(text, pos) and is_sensitive_key(text[pos:end]):
                 match = _FLAG_ASSIGN.match(text, end)
                 if match is not None:
