@@ -8,8 +8,10 @@ context (the prompt) and 4 assistant turns (3 tool calls, then the answer); 64 r
 concurrently, each inside ``rollout_trace_attr``.
 
 Modes, interleaved round by round (order rotates):
-- off: ``RolloutTraceConfig`` not initialised (every traced op calls straight through)
-- on:  ``backend=file`` with the defaults (batch processor, redaction, 64 KiB field cap)
+- off:  ``RolloutTraceConfig`` not initialised (every traced op calls straight through)
+- on:   ``backend=file`` with the defaults (batch processor, redaction, 64 KiB field cap)
+- cap8k (``--all-modes``): the same with ``max_field_bytes=8192``
+- meta (``--all-modes``): the same with ``capture_payloads=False`` (no inputs/outputs)
 
 Printed: trajectories/s per round, the median ratio on/off (target >= 0.98), and the event-loop
 CPU that tracing adds per trajectory (``time.thread_time()`` on the loop's thread, on minus off,
@@ -137,8 +139,10 @@ async def _batch(n: int, step: int, context_tokens: int) -> tuple[float, float]:
 def _round(mode: str, n: int, step: int, context_tokens: int, trace_dir: str
            ) -> tuple[float, float, float]:
     RolloutTraceConfig.reset()
-    if mode == "on":
-        RolloutTraceConfig.init("bench", "stub", "file", trace_dir=trace_dir)
+    if mode != "off":
+        options = {"cap8k": {"max_field_bytes": 8192}, "meta": {"capture_payloads": False}}
+        RolloutTraceConfig.init("bench", "stub", "file", trace_dir=trace_dir,
+                                **options.get(mode, {}))
     proc0 = time.process_time()
     wall, loop_cpu = asyncio.run(_batch(n, step, context_tokens))
     RolloutTraceConfig.flush(30.0)  # the export of this round is charged to this round
@@ -152,13 +156,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--trajectories", type=int, default=64)
     parser.add_argument("--context-tokens", type=int, default=32 * 1024)
+    parser.add_argument("--all-modes", action="store_true",
+                        help="also max_field_bytes=8192 and capture_payloads=False")
     args = parser.parse_args()
-    modes = ["off", "on"]
+    modes = ["off", "on", "cap8k", "meta"] if args.all_modes else ["off", "on"]
     results: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as trace_dir:
         _round("off", 4, 0, args.context_tokens, trace_dir)  # warm-up
         for r in range(args.rounds):
-            order = modes if r % 2 == 0 else modes[::-1]
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
             line = []
             for mode in order:
                 res = _round(mode, args.trajectories, r + 1, args.context_tokens, trace_dir)
@@ -170,6 +176,11 @@ def main() -> None:
     ratios = [on[0] / off[0] for on, off in zip(results["on"], results["off"], strict=True)]
     print(f"\n{args.trajectories} concurrent trajectories, 4 turns of {TURN_S * 1e3:.0f} ms, "
           f"{args.context_tokens}-token contexts, {args.rounds} rounds")
+    for mode in modes[2:]:
+        other = [m[0] / off[0] for m, off in zip(results[mode], results["off"], strict=True)]
+        print(f"{mode}/off: {statistics.median(other):.3f}; event-loop CPU added "
+              f"{(med[mode][1] - med['off'][1]) * 1e3:.2f} ms, export threads "
+              f"{(med[mode][2] - med['off'][2]) * 1e3:.2f} ms per trajectory")
     print(f"throughput on/off: median of per-round ratios {statistics.median(ratios):.3f} "
           f"(rounds {min(ratios):.3f}-{max(ratios):.3f}); medians {med['on'][0]:.2f} / "
           f"{med['off'][0]:.2f} traj/s   (target >= 0.98)")

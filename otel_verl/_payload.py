@@ -56,7 +56,8 @@ _CHUNK = 512
 #: prefix of a key is left where the span-end scan can no longer recognise it
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+/=.")
 
-try:  # a fast encoder where it is installed (optional: pip install orjson)
+_orjson: Any
+try:  # the fast encoder (a core dependency; the stdlib json is the fallback)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
