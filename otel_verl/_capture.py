@@ -91,6 +91,9 @@ def payload_attrs(runtime: Runtime, input: Any, output: Any,
     if redacted:
         attrs[semconv.OTEL_VERL_REDACTED] = existing.get(semconv.OTEL_VERL_REDACTED, 0) + redacted
     if errors:
+        previous = existing.get(semconv.OTEL_VERL_PAYLOAD_ERROR)
+        if previous:
+            errors.insert(0, str(previous))
         attrs[semconv.OTEL_VERL_PAYLOAD_ERROR] = "; ".join(errors)[:1000]
     return attrs
 

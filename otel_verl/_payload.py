@@ -2,7 +2,7 @@
 
 One walk over the value converts it to JSON-compatible data and stops once the field's byte
 budget is spent: a 128k-token list or a million-key dict costs about what one at the cap costs
-(the rest is summarised as ``…[N more items]``). Only these are unpacked, decided by ``type()``
+(the rest is summarised as ``...[N more items]``). Only these are unpacked, decided by ``type()``
 (which a proxy cannot fake): mappings, lists/tuples/sets/deques, real pydantic models (their
 fields, without calling ``model_dump``), dataclasses (their fields), numpy arrays and scalars,
 torch tensors (neither imported here), enums, bytes, dates, paths, UUIDs, decimals. Anything else
@@ -40,8 +40,8 @@ from otel_verl._scrub import REDACTED, fix_surrogates, is_sensitive_key, scrub
 __all__ = ["LIST_MARK", "MAX_DEPTH", "REDACTED", "TRUNCATION_MARK", "Payload", "is_sensitive_key",
            "redact_text", "to_payload"]
 
-TRUNCATION_MARK = "…[truncated {n} chars]"
-LIST_MARK = "…[{n} more items]"
+TRUNCATION_MARK = "...[truncated {n} chars]"  # ASCII: keeps ASCII payloads ASCII
+LIST_MARK = "...[{n} more items]"
 KEYS_MARK = "[{n} more keys]"
 MAX_DEPTH = 32
 #: ints beyond this many bits are recorded as a note (str() of huge ints is quadratic and
@@ -51,12 +51,13 @@ MAX_INT_BITS = 4096
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 #: a key longer than this is cut
 MAX_KEY_CHARS = 256
-_CHUNK = 256
+_CHUNK = 512
 #: characters a secret is made of: a string cut inside such a run is cut before the run, so no
 #: prefix of a key is left where the span-end scan can no longer recognise it
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+/=.")
 
-try:  # a fast encoder where it is installed (optional: pip install orjson)
+_orjson: Any
+try:  # the fast encoder (a core dependency; the stdlib json is the fallback)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
@@ -69,7 +70,7 @@ def _dumps_std(value: Any) -> str:
 def _dumps(value: Any) -> str:
     if _orjson is not None:
         try:
-            return _orjson.dumps(value).decode("utf-8")
+            return str(_orjson.dumps(value), "utf-8")
         except (TypeError, ValueError):  # e.g. a case the walker let through: use the reference
             pass
     return _dumps_std(value)
@@ -242,16 +243,16 @@ class _Walker:
         pydantic = sys.modules.get("pydantic")
         if pydantic is not None and issubclass(kind, pydantic.BaseModel):
             values = object.__getattribute__(obj, "__dict__")
-            fields = kind.model_fields
+            fields: Any = getattr(kind, "model_fields", {})  # a class attribute (pydantic v2)
             items = [(name, values.get(name)) for name in fields if name in values]
             extra = object.__getattribute__(obj, "__pydantic_extra__")
             if type(extra) is dict:
                 items.extend(extra.items())
             return self._mapping(None, items, depth)
         if dataclasses.is_dataclass(kind):
-            items = ((f.name, object.__getattribute__(obj, f.name))
+            pairs = ((f.name, object.__getattribute__(obj, f.name))
                      for f in dataclasses.fields(kind))
-            return self._mapping(None, items, depth)
+            return self._mapping(None, pairs, depth)
         if issubclass(kind, datetime):
             return self.string(datetime.isoformat(obj))
         if issubclass(kind, date):
@@ -275,12 +276,12 @@ class _Walker:
         for key, value in items:
             if self.budget <= 0:
                 self.cut = True
-                out["…"] = (KEYS_MARK.format(n=len(obj) - done) if obj is not None
+                out["..."] = (KEYS_MARK.format(n=len(obj) - done) if obj is not None
                             else "[more keys]")
                 break
             name = key if type(key) is str else self._key(key)
             if len(name) > MAX_KEY_CHARS:
-                name = name[:MAX_KEY_CHARS] + "…"
+                name = name[:MAX_KEY_CHARS] + "..."
             name = fix_surrogates(name)
             self.budget -= len(name) + 4
             if self.redact and value is not None and is_sensitive_key(name):
@@ -315,9 +316,16 @@ class _Walker:
                     out.append(LIST_MARK.format(n=total - start))
                     break
                 chunk = obj[start:start + _CHUNK]
-                if _small_ints(chunk):  # token ids: the common large case, at C speed
+                size = _plain_size(chunk)
+                if size:  # token ids, scores: the common large case, at C speed
+                    if size > self.budget:  # take what fits, then the count of the rest
+                        keep = len(chunk) * self.budget // size
+                        out.extend(chunk[:keep])
+                        self.budget = 0
+                        start += keep
+                        continue
                     out.extend(chunk)
-                    self.budget -= len(repr(chunk)) - len(chunk)
+                    self.budget -= size
                 else:
                     for item in chunk:
                         if self.budget <= 0:
@@ -330,7 +338,7 @@ class _Walker:
         for item in obj:  # an iterator over a list/tuple subclass's items
             if self.budget <= 0:
                 self.cut = True
-                out.append("…[more items]")
+                out.append("...[more items]")
                 break
             out.append(self.walk(item, depth + 1))
         return out
@@ -378,14 +386,28 @@ class _Walker:
 _UNKNOWN: Any = object()
 
 
-def _small_ints(chunk: list[Any] | tuple[Any, ...]) -> bool:
+def _plain_size(chunk: list[Any] | tuple[Any, ...]) -> int:
+    """The JSON size of a chunk of plain numbers (ints within 64 bits, finite floats, bools,
+    None), with its commas; 0 when anything else is in it (then it is walked item by item)."""
     if not chunk:
-        return True
+        return 1
+    if _orjson is not None:  # C speed: encode, then check nothing but numbers came out
+        try:
+            data = _orjson.dumps(chunk)
+        except Exception:  # a big int, a numpy scalar, an unknown type: walk it
+            return 0
+        if b'"' in data or b"{" in data or data.count(b"[") != 1 or b"null" in data:
+            return 0  # strings, containers, NaN (written as null) need the walk's rules
+        return len(data) - 1
     try:
-        return set(map(type, chunk)) == {int} and min(chunk) >= _INT64_MIN and \
-            max(chunk) <= _UINT64_MAX
+        if set(map(type, chunk)) != {int}:
+            return 0
+        low, high = min(chunk), max(chunk)
     except Exception:
-        return False
+        return 0
+    if low < _INT64_MIN or high > _UINT64_MAX:
+        return 0
+    return len(chunk) * (max(len(str(high)), len(str(low))) + 1)  # an upper bound
 
 
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
@@ -402,7 +424,7 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     """
     max_bytes = max(256, max_bytes)
     try:
-        walker = _Walker(redact, max_bytes - 64)  # room for the closing marks
+        walker = _Walker(redact, max_bytes - max(64, max_bytes // 32))  # room for the marks
         data = walker.walk(value)
         text = _dumps(data)
     except Exception as exc:  # the walker guards itself; this is the last line of defence

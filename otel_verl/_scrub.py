@@ -68,6 +68,7 @@ _SAFE_KEYS = frozenset({
     "special_token", "stop_token", "max_token", "end_token", "start_token", "last_token",
     "first_token", "next_token", "num_token", "image_token", "vision_token", "think_token",
     "tool_call_token", "author", "authors", "authority",
+    "session.id",  # OpenInference's conversation grouping (a trajectory id), not a credential
 })
 
 
@@ -79,7 +80,7 @@ def is_sensitive_key(key: str) -> bool:
     """
     name = key.lower()
     tail = name.rsplit(".", 1)[-1]
-    if tail in _SAFE_KEYS:
+    if tail in _SAFE_KEYS or name in _SAFE_KEYS:
         return False
     return _SENSITIVE_KEY.search(name) is not None
 
@@ -127,7 +128,9 @@ CATALOGUE: tuple[str, ...] = (*(name for name, _ in _TOKEN_RULES), "pem_private_
 #: characters that cannot be part of a secret value: whitespace, quotes, the JSON escape char
 _VALUE = r"[^\s\"'\\,;&<>{}\[\]`|]"
 
-_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_NAME_MASK = bytes(ord("k") if (chr(i).isascii() and (chr(i).isalnum() or chr(i) in "_.-"))
+                   else ord(" ") for i in range(256))
 _MAX_KEY = 64
 _SCHEME = r"(?:(?i:bearer|basic|token|digest|negotiate|apikey)\s+)?"
 #: after a quoted name ("api_key": "...", \"password\": \"...\"): the value must be quoted too,
@@ -204,45 +207,50 @@ class _Finder:
         ``is_sensitive_key``, so the cost follows the number of separators, not of keywords.
         """
         text = self.text
+        # where separators are dense, a mask (name characters -> "k", others -> " ") puts a
+        # name's start one rfind away; where they are few, a short loop per separator is cheaper
+        names: bytes | None = None
+        dense = len(text) >> 9
+        visits = 0
+        spans = self.spans
         for sep in (":", "="):
             pos = text.find(sep)
             while pos != -1:
-                self._assignment_at(pos)
+                visits += 1
+                if names is None and visits > dense:
+                    names = self.ascii.translate(_NAME_MASK)
+                end = pos
+                while end > 0 and pos - end < 8 and text[end - 1] in " \t":
+                    end -= 1
+                quoted = end > 0 and text[end - 1] in "\"'"
+                if quoted:
+                    end -= 1
+                    if end > 0 and text[end - 1] == "\\":
+                        end -= 1
+                floor = max(0, end - _MAX_KEY)
+                if names is not None:
+                    start = names.rfind(b" ", floor, end) + 1 or floor
+                else:
+                    start = end
+                    while start > floor and text[start - 1] in _NAME_CHARS:
+                        start -= 1
+                if start < end and is_sensitive_key(text[start:end]) and \
+                        (not quoted or (start > 0 and text[start - 1] in "\"'")):
+                    match = (_QUOTED_VALUE if quoted else _PLAIN_VALUE).match(text, pos + 1)
+                    if match is not None:
+                        spans.append(match.span("s"))
                 pos = text.find(sep, pos + 1)
         pos = text.find("--")
         while pos != -1:
             end = pos + 2
             ceiling = min(len(text), end + _MAX_KEY)
-            while end < ceiling and text[end] in _KEY_CHARS:
+            while end < ceiling and text[end] in _NAME_CHARS:
                 end += 1
             if end > pos + 2 and _boundary_ok(text, pos) and is_sensitive_key(text[pos:end]):
                 match = _FLAG_ASSIGN.match(text, end)
                 if match is not None:
-                    self.spans.append(match.span("s"))
+                    spans.append(match.span("s"))
             pos = text.find("--", max(end, pos + 2))
-
-    def _assignment_at(self, sep: int) -> None:
-        text = self.text
-        end = sep
-        floor = max(0, sep - 8)
-        while end > floor and text[end - 1] in " \t":
-            end -= 1
-        quoted = end > 0 and text[end - 1] in "\"'"
-        if quoted:
-            end -= 1
-            if end > 0 and text[end - 1] == "\\":
-                end -= 1
-        start = end
-        floor = max(0, end - _MAX_KEY)
-        while start > floor and text[start - 1] in _KEY_CHARS:
-            start -= 1
-        if start == end or not is_sensitive_key(text[start:end]):
-            return
-        if quoted and not (start > 0 and text[start - 1] in "\"'"):
-            return  # the quote closed a value, not a name ("a": "x", "b" ...)
-        match = (_QUOTED_VALUE if quoted else _PLAIN_VALUE).match(text, sep + 1)
-        if match is not None:
-            self.spans.append(match.span("s"))
 
     def extra(self, patterns: Sequence[re.Pattern[str]]) -> None:
         for pattern in patterns:
@@ -291,9 +299,25 @@ def scrub(text: str, extra: Sequence[re.Pattern[str]] = ()) -> tuple[str, int]:
     """
     if type(text) is not str:
         text = str.__str__(text)
-    text = fix_surrogates(text)
     if len(text) < 5:
-        return text, 0
+        return fix_surrogates(text), 0
+    if len(text) <= _SHORT and not extra:  # names, kinds, ids: the same few values on every span
+        out, count = _scrub_short(text)
+        return (text, 0) if out is None else (out, count)
+    return _scrub(text, extra)
+
+
+_SHORT = 256
+
+
+@functools.lru_cache(maxsize=4096)
+def _scrub_short(text: str) -> tuple[str | None, int]:
+    out, count = _scrub(text, ())
+    return (None, 0) if out is text else (out, count)
+
+
+def _scrub(text: str, extra: Sequence[re.Pattern[str]]) -> tuple[str, int]:
+    text = fix_surrogates(text)
     finder = _Finder(text)
     finder.runs()
     finder.anchored()

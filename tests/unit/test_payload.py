@@ -179,3 +179,17 @@ def test_long_sensitive_key_is_redacted_on_the_fast_path():
     key = "my_" + "x" * 200 + "_password"
     data, payload = load({key: "hunter2"})
     assert data[key] == REDACTED and payload.redacted == 1
+
+
+@pytest.mark.parametrize("value", [
+    list(range(100_000, 130_000)), {"a": [1.5, True, None, 2**70], "b": "x" * 5000},
+    [{"api_key": "k", "n": [1, 2]}] * 300, [float("nan"), 1],
+])
+def test_stdlib_encoder_fallback_gives_the_same_json(monkeypatch, value):
+    from otel_verl import _payload
+
+    fast = to_payload(value, max_bytes=4096)
+    monkeypatch.setattr(_payload, "_orjson", None)
+    slow = to_payload(value, max_bytes=4096)
+    assert json.loads(slow.json) == json.loads(fast.json) or slow.truncated
+    assert len(slow.json.encode()) <= 4096 and slow.redacted == fast.redacted

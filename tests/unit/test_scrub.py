@@ -1,0 +1,209 @@
+"""The span-end redaction pass: the catalogue, JSON kept valid, spans copied only when needed,
+user patterns, and the wiring into the provider (hand-made spans included)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from otel_verl import ConfigError, get_tracer, rollout_trace_attr, semconv
+from otel_verl._config import resolve_config
+from otel_verl._scrub import (
+    REDACTED,
+    Scrubber,
+    ScrubbingSpanExporter,
+    build_scrubber,
+    fix_surrogates,
+    is_sensitive_key,
+    scrub,
+)
+from otel_verl.testing import capture_spans
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("use sk-proj-abcdefghijklmnop1234 now", "use [REDACTED] now"),
+    ("line\\nsk-ant-api03-abcdefghijklmnopqrstu", "line\\n[REDACTED]"),  # after a JSON escape
+    ("https://bob:hunter2pass@example.com/x", "https://bob:[REDACTED]@example.com/x"),
+    ("Authorization: Bearer abcdefgh12345678", "Authorization: Bearer [REDACTED]"),
+    ("password=hunter2 --password s3cret", "password=[REDACTED] --password [REDACTED]"),
+    ('{"api_key": "abc", "password": null}', '{"api_key": "[REDACTED]", "password": null}'),
+    ("AWS secret: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "AWS secret: [REDACTED]"),
+    ("id AKIAIOSFODNN7EXAMPLE.", "id [REDACTED]."),
+])
+def test_catalogue_examples(text, expected):
+    assert scrub(text)[0] == expected
+
+
+@pytest.mark.parametrize("text", [
+    "task-abcdefghijklmnopqrstuvwxyz is a task id",  # not an sk- key
+    '{"max_tokens": 100, "prompt_tokens": 9, "token_ids": [1, 2], "eos_token": "</s>"}',
+    "author: bob, authors: [a, b]",
+    "basic arithmetic: 2+3",
+    "the key to the problem is 42",
+    "x" * 1000,
+    "[" + ",".join(str(i * 7919 % 151000) for i in range(5000)) + "]",
+])
+def test_ordinary_rollout_text_is_left_alone(text):
+    out, count = scrub(text)
+    assert count == 0 and out is text
+
+
+@pytest.mark.parametrize(("key", "sensitive"), [
+    ("api_key", True), ("Authorization", True), ("password", True), ("client_secret", True),
+    ("WANDB_API_KEY", True), ("access_token", True), ("token", True), ("cookie", True),
+    ("session_id", True), ("http.request.header.authorization", True), ("mysql_pwd", True),
+    ("max_tokens", False), ("prompt_ids", False), ("token_ids", False), ("input_tokens", False),
+    ("gen_ai.usage.input_tokens", False), ("eos_token", False), ("author", False),
+    ("monkey", False), ("keys", False), ("tokenizer", False),
+])
+def test_sensitive_key_names(key, sensitive):
+    assert is_sensitive_key(key) is sensitive
+
+
+def test_no_semconv_key_is_taken_for_a_secret():
+    keys = [v for k, v in vars(semconv).items() if k.isupper() and isinstance(v, str)]
+    assert keys and not [k for k in keys if is_sensitive_key(k)]
+
+
+json_text = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(max_size=60) | st.sampled_from([
+        "sk-proj-abcdefghijklmnop1234", "password=hunter2", "Bearer abcdefgh12345678",
+        "https://u:p@h/x", "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----",
+        '\\"', "\\", "api_key", "--password", "\n", "eyJabcdefghij.eyJabcdefghij.sig",
+    ]),
+    lambda children: st.lists(children, max_size=6) | st.dictionaries(
+        st.text(max_size=12) | st.sampled_from(["api_key", "password", "token", "note"]),
+        children, max_size=6),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_text)
+def test_scrubbed_json_stays_valid_json(value):
+    text = json.dumps(value, ensure_ascii=False)
+    out, count = scrub(text)
+    json.loads(out)  # no rule eats a quote or half an escape
+    if not count:
+        assert out is text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=400))
+def test_any_text_scrubs_without_raising(text):
+    out, _ = scrub(text)
+    out.encode("utf-8")  # lone surrogates were replaced
+
+
+def test_lone_surrogates_become_replacement_characters():
+    assert fix_surrogates("a\ud800b") == "a\ufffdb"
+    assert scrub("name \udcff with sk-proj-abcdefghijklmnop1234")[0] == \
+        "name \ufffd with [REDACTED]"
+
+
+def test_cost_is_linear_on_hostile_text():
+    # anchors everywhere: each is looked at a bounded number of times
+    for piece in ("key:", "--", "://", "sk-", "-----BEGIN", "a" * 40 + ","):
+        text = piece * 20000
+        out, _ = scrub(text)
+        assert isinstance(out, str)
+
+
+def _span(**kwargs) -> ReadableSpan:
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span(kwargs.pop("name", "op"), **kwargs) as span:
+        span.add_event("e", {"detail": "fine"})
+    return exporter.get_finished_spans()[0]
+
+
+def test_clean_span_is_returned_unchanged():
+    span = _span(attributes={"input.value": '{"a": 1}', "gen_ai.usage.input_tokens": 5})
+    assert Scrubber()(span) is span
+
+
+def test_dirty_span_is_copied_and_counted():
+    span = _span(name="call sk-proj-abcdefghijklmnop1234",
+                 attributes={"api_key": "x", "note": "password=hunter2", "n": 1,
+                             "tags": ["Bearer abcdefgh12345678", "ok"]})
+    out = Scrubber()(span)
+    assert out is not span
+    assert out.name == "call [REDACTED]"
+    assert out.attributes["api_key"] == REDACTED
+    assert out.attributes["note"] == "password=[REDACTED]"
+    assert out.attributes["tags"] == ("Bearer [REDACTED]", "ok")
+    assert out.attributes[semconv.OTEL_VERL_REDACTED] == 4
+    assert out.context == span.context and out.end_time == span.end_time
+    assert span.name.startswith("call sk-")  # the original is untouched
+
+
+def test_user_patterns_are_added():
+    span = _span(name="ticket ACME-12345", attributes={"note": "ACME-99999 ok"})
+    out = Scrubber([r"ACME-\d{5}"])(span)
+    assert out.name == "ticket [REDACTED]" and out.attributes["note"] == "[REDACTED] ok"
+
+
+def test_redact_patterns_config(monkeypatch):
+    assert resolve_config({"redact_patterns": ["a+b"]}).redact_patterns == ("a+b",)
+    env = {"OTEL_VERL_REDACT_PATTERNS": '["x\\\\d+", "y"]'}
+    assert resolve_config(environ=env).redact_patterns == ("x\\d+", "y")
+    assert resolve_config(environ={"OTEL_VERL_REDACT_PATTERNS": "z+"}).redact_patterns == ("z+",)
+    with pytest.raises(ConfigError, match="redact_patterns"):
+        resolve_config({"redact_patterns": ["("]})
+    assert build_scrubber(resolve_config({"redact": False})) is None
+    assert build_scrubber(resolve_config({})) is not None
+
+
+def test_worker_config_that_is_not_an_object_warns(caplog):
+    for raw in ("[1, 2]", "7", '"text"', "null"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="otel_verl"):
+            config = resolve_config(environ={"OTEL_VERL_CONFIG": raw})
+        assert config.backend == "file"
+        assert "OTEL_VERL_CONFIG" in caplog.text, raw
+
+
+def test_wiring_redacts_hand_made_spans_and_status():
+    """Through the real provider: a get_tracer() span with secrets everywhere."""
+    with capture_spans() as exporter, rollout_trace_attr(sample_index=1, name="traj"):
+        with get_tracer().start_as_current_span(
+                "GET https://u:pw123456@host/x", attributes={"authorization": "Bearer zz"}) as span:
+            span.add_event("retry ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+                           {"body": "token=abcdefgh12345678"})
+            span.set_status(Status(StatusCode.ERROR, "denied for hf_abcdefghijklmnopqrstuvwxyz123456"))
+    hand = next(s for s in exporter.get_finished_spans() if s.name.startswith("GET"))
+    assert hand.name == "GET https://u:[REDACTED]@host/x"
+    assert hand.attributes["authorization"] == REDACTED
+    assert hand.events[0].name == "retry [REDACTED]"
+    assert hand.events[0].attributes["body"] == "token=[REDACTED]"
+    assert hand.status.description == "denied for [REDACTED]"
+
+
+def test_wrapper_exporter_forwards_the_contract():
+    inner = InMemorySpanExporter()
+    wrapped = ScrubbingSpanExporter(inner, Scrubber())
+    span = _span(attributes={"password": "x"})
+    wrapped.export([span])
+    assert inner.get_finished_spans()[0].attributes["password"] == REDACTED
+    assert wrapped.force_flush() is True
+    assert wrapped.get_finished_spans() == inner.get_finished_spans()  # extras pass through
+    wrapped.shutdown()
+
+
+def test_redact_off_exports_as_recorded():
+    with capture_spans(redact=False) as exporter, rollout_trace_attr(sample_index=1):
+        with get_tracer().start_as_current_span("x", attributes={"api_key": "visible"}):
+            pass
+    span = next(s for s in exporter.get_finished_spans() if s.name == "x")
+    assert span.attributes["api_key"] == "visible"
