@@ -227,3 +227,15 @@ def ui_serve(session: nox.Session) -> None:
     args = list(session.posargs)
     command = args.pop(0) if args[:1] in (["ui"], ["report"]) else "ui"
     session.run("otel-verl", command, *args, env=QUIET_ENV)
+
+
+@nox.session
+def phoenix(session: nox.Session) -> None:
+    """A real Arize Phoenix server fed a traced rollout over OTLP, checked through its API and
+    screenshotted in Debian's headless Chromium (artifacts: .artifacts/phoenix)."""
+    _ensure_chromium(session)
+    _install(session, "phoenix.txt")
+    artifacts = os.environ.get("OTEL_VERL_PHOENIX_ARTIFACTS",
+                               str(ROOT / ".artifacts" / "phoenix"))
+    _pytest(session, "tests/phoenix", env={"OTEL_VERL_PHOENIX_ARTIFACTS": artifacts})
+    session.log(f"phoenix tier: screenshots, page texts and logs are in {artifacts}")
