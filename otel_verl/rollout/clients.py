@@ -91,7 +91,8 @@ def chat_messages(messages: Sequence[Mapping[str, Any]]) -> Iterator[None]:
 
 
 def _tool_call_part(call: Mapping[str, Any]) -> dict[str, Any]:
-    function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    nested = call.get("function")
+    function: Mapping[str, Any] = nested if isinstance(nested, Mapping) else call
     arguments: Any = function.get("arguments")
     if isinstance(arguments, str):
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _browser import Browser, chromium_path
 from _phoenix_server import PhoenixServer
-from _rollout_plan import EXPERIMENT, PROJECT, Rollout, Trajectory
+from _rollout_plan import EXPERIMENT, PROJECT, Q1, Rollout, Trajectory
 
 from otel_verl.integrations.phoenix import annotate_rewards
 
@@ -74,7 +74,7 @@ def test_each_trajectory_is_one_trace_with_every_span_kind(rollout: Rollout,
 
 def test_root_row_reads_prompt_in_answer_and_reward_out(rollout: Rollout, phoenix: PhoenixServer):
     for t, root in _by_trajectory(rollout, phoenix).items():
-        assert json.loads(root["input"]["value"]) == [{"role": "user", "content": t.prompt}]
+        assert root["input"]["value"] == t.prompt  # the question, as plain text
         assert json.loads(root["output"]["value"]) == {
             "answer": t.answer, "reward": t.reward, "reward_label": t.label}
         assert json.loads(root["metadata"]) == {
@@ -212,7 +212,7 @@ def test_trace_view_in_a_real_browser(rollout: Rollout, phoenix: PhoenixServer, 
         assert "gsm8k" in text
         # the project's root spans: one row per trajectory, prompt in, answer + reward out
         _shoot(browser, f"{phoenix.url}/projects/{project_id}",
-               ["agent_loop", "The answer is 84.", "I do not know.", "reward_label"],
+               ["agent_loop", Q1, "The answer is 84.", "I do not know.", "reward_label"],
                artifacts / "trace-list.png")
         # the sessions: one per GRPO group
         _shoot(browser, f"{phoenix.url}/projects/{project_id}/sessions",

@@ -161,8 +161,9 @@ def test_output_message_with_parsed_tool_calls():
 async def test_trajectory_root_reads_at_a_glance():
     spans = await _rollout()
     (traj,) = _one(spans, "agent_loop")
-    (prompt,) = json.loads(traj.attributes[semconv.INPUT_VALUE])
-    assert prompt == {"role": "user", "content": "What is 2 + 3? (my key is [REDACTED])"}
+    # the question as plain text, the planted key scrubbed
+    assert traj.attributes[semconv.INPUT_VALUE] == "What is 2 + 3? (my key is [REDACTED])"
+    assert traj.attributes[semconv.INPUT_MIME_TYPE] == "text/plain"
     assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {
         "answer": "The answer is 5.", "reward": 1.0, "reward_label": "correct"}
     for span in spans:  # the GRPO group and verl's names, on every span
@@ -198,3 +199,13 @@ def test_reward_outside_an_agent_loop_and_session_ids(kwargs, session):
     assert traj.attributes.get(semconv.SESSION_ID) == session
     assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {"answer": "42", "reward": 0.5}
     assert semconv.INPUT_VALUE not in traj.attributes
+
+
+def test_structured_trajectory_input_is_json():
+    with capture_spans() as exporter:
+        with otel_verl.rollout_trace_attr(step=1, sample_index=0):
+            otel_verl.set_trajectory_input([{"role": "system", "content": [{"text": "x"}]}])
+    (traj,) = exporter.get_finished_spans()
+    assert json.loads(traj.attributes[semconv.INPUT_VALUE]) == [
+        {"role": "system", "content": [{"text": "x"}]}]
+    assert traj.attributes[semconv.INPUT_MIME_TYPE] == "application/json"
