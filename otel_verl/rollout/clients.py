@@ -418,7 +418,8 @@ class VLLMCompletionsClient(AsyncTokenClient):
 
     provider = "vllm"
 
-    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: Mapping[str, Any],
+                        headers: Mapping[str, str]) -> TokenOutput:
         body = {"model": self.model, "prompt": prompt_ids, "return_token_ids": True}
         body.update(_vllm_sampling(sp))
         if sp.get("logprobs"):
@@ -447,7 +448,8 @@ class VLLMGenerateClient(AsyncTokenClient):
 
     provider = "vllm"
 
-    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: Mapping[str, Any],
+                        headers: Mapping[str, str]) -> TokenOutput:
         sampling = _vllm_sampling(sp)
         if sp.get("logprobs"):
             sampling["logprobs"] = 0
@@ -515,7 +517,8 @@ class SGLangClient(AsyncTokenClient):
 
     provider = "sglang"
 
-    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: Mapping[str, Any],
+                        headers: Mapping[str, str]) -> TokenOutput:
         body: dict[str, Any] = {
             "input_ids": prompt_ids,
             "sampling_params": _sglang_sampling(sp),
