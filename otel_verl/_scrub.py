@@ -69,6 +69,9 @@ _SAFE_KEYS = frozenset({
     "first_token", "next_token", "num_token", "image_token", "vision_token", "think_token",
     "tool_call_token", "author", "authors", "authority",
 })
+#: whole attribute names that match a sensitive word but are written by otel_verl from
+#: non-secret data: OpenInference's ``session.id`` is the GRPO group (experiment/step/sample)
+_SAFE_NAMES = frozenset({"session.id"})
 
 
 @functools.lru_cache(maxsize=8192)
@@ -79,7 +82,7 @@ def is_sensitive_key(key: str) -> bool:
     """
     name = key.lower()
     tail = name.rsplit(".", 1)[-1]
-    if tail in _SAFE_KEYS:
+    if tail in _SAFE_KEYS or name in _SAFE_NAMES:
         return False
     return _SENSITIVE_KEY.search(name) is not None
 

@@ -209,3 +209,13 @@ def test_structured_trajectory_input_is_json():
     assert json.loads(traj.attributes[semconv.INPUT_VALUE]) == [
         {"role": "system", "content": [{"text": "x"}]}]
     assert traj.attributes[semconv.INPUT_MIME_TYPE] == "application/json"
+
+
+@pytest.mark.parametrize(("key", "sensitive"), [
+    ("session.id", False),  # OpenInference's grouping key, written by otel_verl: kept
+    ("session_id", True), ("http.session.id", True), ("SessionId", True),  # secrets elsewhere
+])
+def test_only_the_openinference_session_id_escapes_redaction(key, sensitive):
+    from otel_verl._scrub import is_sensitive_key
+
+    assert is_sensitive_key(key) is sensitive
