@@ -164,7 +164,7 @@ def annotated(rollout: Rollout, phoenix: PhoenixServer) -> int:
 
 
 def test_rewards_become_phoenix_evaluations(rollout: Rollout, phoenix: PhoenixServer,
-                                            annotated: int):
+                                            annotated: int, artifacts: Path):
     assert annotated == len(rollout.trajectories)
     assert annotate_rewards(phoenix.url, PROJECT) == annotated  # again: updated, not duplicated
     for t, root in _by_trajectory(rollout, phoenix).items():
@@ -179,6 +179,16 @@ def test_rewards_become_phoenix_evaluations(rollout: Rollout, phoenix: PhoenixSe
                              n=PROJECT, f="annotations['gsm8k'].score < 1")
     assert len(failed["getProjectByName"]["spans"]["edges"]) == sum(
         t.reward < 1 for t in rollout.trajectories)
+    # Phoenix's view of one trajectory, as its API returns it (an artifact for the CI log)
+    root = _by_trajectory(rollout, phoenix)[rollout.trajectories[0]]
+    view = {k: root[k] for k in ("name", "spanKind", "input", "output", "metadata",
+                                 "cumulativeTokenCountPrompt", "cumulativeTokenCountCompletion",
+                                 "spanAnnotations")}
+    view["trace"] = {"traceId": root["trace"]["traceId"], "numSpans": root["trace"]["numSpans"],
+                     "spans": [{k: s[k] for k in ("name", "spanKind", "tokenCountPrompt",
+                                                  "tokenCountCompletion")}
+                               for s in (e["node"] for e in root["trace"]["spans"]["edges"])]}
+    (artifacts / "trajectory-api.json").write_text(json.dumps(view, indent=1))
 
 
 def _shoot(browser: Browser, url: str, needles: list[str], png: Path) -> str:
