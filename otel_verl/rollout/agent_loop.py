@@ -19,8 +19,8 @@ Spans (all inside the caller's trajectory): ``ToolAgentLoop.run`` -> per turn th
 (``Gsm8kReward.compute_score``), computed inside ``run`` so the score is in the trace.
 ``run`` is the GenAI ``invoke_agent`` operation (``gen_ai.agent.name`` = ``agent_name``,
 ``gen_ai.conversation.id`` = the trajectory's request id, shared by its ``chat`` spans); the
-span keeps verl's name so the Weave tree matches verl's. The trajectory span gets the prompt as
-its input and ``{"answer", "reward", "reward_label"}`` as its output, so a viewer's list of traces
+span keeps verl's name so the Weave tree matches verl's. The trajectory span gets the user's
+question (plain text) as its input and ``{"answer", "reward", "reward_label"}`` as its output, so a viewer's list of traces
 reads each trajectory at a glance.
 
 The tokenizer needs only ``apply_chat_template(messages, tools=..., add_generation_prompt=...,
@@ -181,7 +181,7 @@ class ToolAgentLoop:
         pending: list[FunctionCall] = []
         state = AgentState.GENERATING
         self._annotate_agent_span(request_id)
-        otel_verl.set_trajectory_input(kwargs["raw_prompt"])  # the root row's input: the prompt
+        otel_verl.set_trajectory_input(_prompt_text(messages))  # the root row's input
 
         while state is not AgentState.TERMINATED:
             if state is AgentState.GENERATING:
@@ -330,6 +330,15 @@ class ToolAgentLoop:
                 text=f"Error: unknown tool {call.name!r} (available: {known})", ok=False
             )
         return await tool.execute(call_id, call.arguments)
+
+
+def _prompt_text(messages: Sequence[Mapping[str, Any]]) -> Any:
+    """The question a trace list shows for a trajectory: the last user message's text (the whole
+    message list when there is no plain-text user message)."""
+    for message in reversed(messages):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            return message["content"]
+    return [dict(m) for m in messages]
 
 
 def _ground_truth(row: Mapping[str, Any]) -> str | None:

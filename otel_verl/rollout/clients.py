@@ -91,7 +91,8 @@ def chat_messages(messages: Sequence[Mapping[str, Any]]) -> Iterator[None]:
 
 
 def _tool_call_part(call: Mapping[str, Any]) -> dict[str, Any]:
-    function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    nested = call.get("function")
+    function: Mapping[str, Any] = nested if isinstance(nested, Mapping) else call
     arguments: Any = function.get("arguments")
     if isinstance(arguments, str):
         try:
@@ -417,7 +418,8 @@ class VLLMCompletionsClient(AsyncTokenClient):
 
     provider = "vllm"
 
-    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: Mapping[str, Any],
+                        headers: Mapping[str, str]) -> TokenOutput:
         body = {"model": self.model, "prompt": prompt_ids, "return_token_ids": True}
         body.update(_vllm_sampling(sp))
         if sp.get("logprobs"):
@@ -446,7 +448,8 @@ class VLLMGenerateClient(AsyncTokenClient):
 
     provider = "vllm"
 
-    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: Mapping[str, Any],
+                        headers: Mapping[str, str]) -> TokenOutput:
         sampling = _vllm_sampling(sp)
         if sp.get("logprobs"):
             sampling["logprobs"] = 0
@@ -514,7 +517,8 @@ class SGLangClient(AsyncTokenClient):
 
     provider = "sglang"
 
-    async def _generate(self, request_id, prompt_ids, sp, headers) -> TokenOutput:
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: Mapping[str, Any],
+                        headers: Mapping[str, str]) -> TokenOutput:
         body: dict[str, Any] = {
             "input_ids": prompt_ids,
             "sampling_params": _sglang_sampling(sp),

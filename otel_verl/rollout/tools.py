@@ -19,8 +19,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import trace
 
@@ -113,7 +114,7 @@ _BINARY = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _MAX_EXPRESSION_CHARS = 200
 _MAX_EXPONENT = 64
 _MAX_MAGNITUDE = 10**30
@@ -135,9 +136,9 @@ def safe_eval(expression: str) -> int | float:
         if isinstance(node, ast.Expression):
             return walk(node.body)
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
+            return cast("int | float", node.value)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](walk(node.operand))
+            return cast("int | float", _UNARY[type(node.op)](walk(node.operand)))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = walk(node.left), walk(node.right)
             if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
@@ -148,7 +149,7 @@ def safe_eval(expression: str) -> int | float:
                 raise ValueError("division by zero") from exc
             if isinstance(value, complex) or abs(value) > _MAX_MAGNITUDE:
                 raise ValueError("result out of range")
-            return value
+            return cast("int | float", value)
         raise ValueError(f"unsupported element: {type(node).__name__}")
 
     value = walk(tree)

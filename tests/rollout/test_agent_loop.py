@@ -30,7 +30,7 @@ def make_loop(tokenizer, script, **kwargs):
 def segments(out: AgentLoopOutput, tokenizer) -> list[tuple[int, str]]:
     """The response as (mask, text) runs."""
     runs: list[tuple[int, list[int]]] = []
-    for tid, m in zip(out.response_ids, out.response_mask):
+    for tid, m in zip(out.response_ids, out.response_mask, strict=True):
         if runs and runs[-1][0] == m:
             runs[-1][1].append(tid)
         else:
@@ -52,8 +52,8 @@ async def test_tool_call_then_answer(tokenizer):
         (1, "The answer is 5.<|im_end|>"),
     ]
     assert len(out.response_logprobs) == len(out.response_ids)
-    assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask) if m == 0)
-    assert all(lp == -0.5 for lp, m in zip(out.response_logprobs, out.response_mask) if m == 1)
+    assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 0)
+    assert all(lp == -0.5 for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 1)
     # turn 2 continues exactly where turn 1 + the tool turn ended (prefix caching relies on it)
     first, second = client.requests
     assert second["prompt_ids"] == out.prompt_ids + out.response_ids[: len(second["prompt_ids"])

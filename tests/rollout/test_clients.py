@@ -6,6 +6,8 @@ verified here only against SGLang's documented protocol (see docs/rollout.md).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import otel_verl
@@ -118,6 +120,13 @@ async def test_openai_chat_client(stub, spans, provider):
     assert chat.attributes[semconv.GEN_AI_RESPONSE_MODEL] == "qwen"
     (op,) = [s for s in spans.get_finished_spans() if s.name == "OpenAIChatClient.chat"]
     assert chat.parent.span_id == op.context.span_id
+    # the GenAI content attributes: the messages sent, the parsed tool call received
+    assert json.loads(chat.attributes[semconv.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "2+3?"}]}]
+    assert json.loads(chat.attributes[semconv.GEN_AI_OUTPUT_MESSAGES]) == [
+        {"role": "assistant", "finish_reason": "tool_calls", "parts": [
+            {"type": "tool_call", "id": "call_a", "name": "calculator",
+             "arguments": {"expression": "2+3"}}]}]
 
 
 async def test_vllm_completions_token_in_token_out(stub, spans):
@@ -130,6 +139,11 @@ async def test_vllm_completions_token_in_token_out(stub, spans):
     assert "guided_regex" not in body  # removed in vLLM 0.32: silently ignored there
     assert out.token_ids == [5, 6, 2] and out.log_probs == [-0.1, -0.2, 0.0]
     assert stub.requests[0]["engine_traceparent"].startswith(_expected_parent(_chat_span(spans)))
+    # no chat_messages() around the call: no input messages; the output is the engine's text
+    assert semconv.GEN_AI_INPUT_MESSAGES not in _chat_span(spans).attributes
+    assert json.loads(_chat_span(spans).attributes[semconv.GEN_AI_OUTPUT_MESSAGES]) == [
+        {"role": "assistant", "finish_reason": "stop", "parts": [{"type": "text",
+                                                                  "content": "hi"}]}]
 
 
 async def test_vllm_generate_endpoint(stub):

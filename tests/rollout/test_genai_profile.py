@@ -156,3 +156,66 @@ def test_output_message_with_parsed_tool_calls():
         "role": "assistant", "finish_reason": "tool_calls",
         "parts": [{"type": "tool_call", "id": "a", "name": "calculator",
                    "arguments": {"expression": "1"}}]}]
+
+
+async def test_trajectory_root_reads_at_a_glance():
+    spans = await _rollout()
+    (traj,) = _one(spans, "agent_loop")
+    # the question as plain text, the planted key scrubbed
+    assert traj.attributes[semconv.INPUT_VALUE] == "What is 2 + 3? (my key is [REDACTED])"
+    assert traj.attributes[semconv.INPUT_MIME_TYPE] == "text/plain"
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {
+        "answer": "The answer is 5.", "reward": 1.0, "reward_label": "correct"}
+    for span in spans:  # the GRPO group and verl's names, on every span
+        assert span.attributes[semconv.SESSION_ID] == "exp/step-1/sample-3"
+        assert json.loads(span.attributes[semconv.METADATA]) == {
+            "step": 1, "sample_index": 3, "rollout_n": 0, "validate": False,
+            "experiment_name": "exp"}
+
+
+async def test_root_without_payload_capture_keeps_session_and_reward():
+    spans = await _rollout(capture_payloads=False)
+    (traj,) = _one(spans, "agent_loop")
+    assert semconv.INPUT_VALUE not in traj.attributes
+    assert semconv.OUTPUT_VALUE not in traj.attributes
+    assert traj.attributes[semconv.ROLLOUT_REWARD] == 1.0
+    assert traj.attributes[semconv.SESSION_ID] == "exp/step-1/sample-3"
+
+
+@pytest.mark.parametrize(("kwargs", "session"), [
+    ({"step": 2, "sample_index": 7, "rollout_n": 1}, "e/step-2/sample-7"),
+    ({"step": 2, "sample_index": 7, "validate": True}, "e/step-2/sample-7/validate"),
+    ({"sample_index": 7}, None),  # no step: no group
+])
+def test_reward_outside_an_agent_loop_and_session_ids(kwargs, session):
+    with capture_spans(experiment_name="e") as exporter:
+        with otel_verl.rollout_trace_attr(**kwargs):
+            otel_verl.set_trajectory_output(answer="42")
+            otel_verl.record_reward(0.5, name="judge")
+        otel_verl.record_reward(1.0)  # outside a trajectory: nothing, no error
+        otel_verl.set_trajectory_output(answer="ignored")
+        otel_verl.set_trajectory_input("ignored")
+    (traj,) = exporter.get_finished_spans()
+    assert traj.attributes.get(semconv.SESSION_ID) == session
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {"answer": "42", "reward": 0.5}
+    assert semconv.INPUT_VALUE not in traj.attributes
+
+
+def test_structured_trajectory_input_is_json():
+    with capture_spans() as exporter:
+        with otel_verl.rollout_trace_attr(step=1, sample_index=0):
+            otel_verl.set_trajectory_input([{"role": "system", "content": [{"text": "x"}]}])
+    (traj,) = exporter.get_finished_spans()
+    assert json.loads(traj.attributes[semconv.INPUT_VALUE]) == [
+        {"role": "system", "content": [{"text": "x"}]}]
+    assert traj.attributes[semconv.INPUT_MIME_TYPE] == "application/json"
+
+
+@pytest.mark.parametrize(("key", "sensitive"), [
+    ("session.id", False),  # OpenInference's grouping key, written by otel_verl: kept
+    ("session_id", True), ("http.session.id", True), ("SessionId", True),  # secrets elsewhere
+])
+def test_only_the_openinference_session_id_escapes_redaction(key, sensitive):
+    from otel_verl._scrub import is_sensitive_key
+
+    assert is_sensitive_key(key) is sensitive

@@ -40,7 +40,7 @@ def test_hermes_parser_never_raises(text, names, errors, content):
     got_content, calls = HermesToolParser().parse(text)
     assert got_content == content
     assert [c.name for c in calls] == names
-    for call, expected in zip(calls, errors):
+    for call, expected in zip(calls, errors, strict=True):
         if expected is None:
             assert call.error is None
         else:
