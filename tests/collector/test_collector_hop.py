@@ -26,8 +26,6 @@ from otel_verl import (
 )
 from otel_verl.testing import capture_spans
 
-pytestmark = pytest.mark.integration
-
 BIG = "0123456789abcdef" * (200_000 // 16)  # a 200 KB field, like a long chat transcript
 CAPS = {"max_field_bytes": 1 << 20, "max_span_bytes": 2 << 20}  # let BIG through uncut
 

@@ -27,8 +27,6 @@ from otel_verl import (
 from otel_verl.integrations.ray import CARRIER_KWARG, call_with_context, runtime_env, traced_remote
 from otel_verl.store import list_files, read_spans
 
-pytestmark = pytest.mark.integration
-
 
 @ray.remote
 @traced_remote

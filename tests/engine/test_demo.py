@@ -12,7 +12,7 @@ from otel_verl import semconv
 from otel_verl.demo import run as demo
 from otel_verl.store import read_spans
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(420)]
+pytestmark = pytest.mark.timeout(420)
 
 
 def test_demo_end_to_end(tmp_path, tiny_model_dir, capsys):

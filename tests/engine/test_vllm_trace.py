@@ -11,15 +11,15 @@ import pytest
 
 import otel_verl
 from otel_verl import RolloutTraceConfig, semconv
+from otel_verl.demo.run import ForcedToolPolicy, make_rows
 from otel_verl.rollout.agent_loop import ToolAgentLoop
 from otel_verl.rollout.clients import OpenAIChatClient, VLLMCompletionsClient, VLLMGenerateClient
-from otel_verl.demo.run import ForcedToolPolicy, make_rows
 from otel_verl.rollout.reward import Gsm8kReward
 from otel_verl.rollout.tools import CalculatorTool
 
 from .conftest import MODEL
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(420)]
+pytestmark = pytest.mark.timeout(420)
 
 
 def _init(receiver) -> str:
