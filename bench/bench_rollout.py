@@ -28,13 +28,13 @@ import tempfile
 import time
 
 from otel_verl import RolloutTraceConfig, rollout_trace_attr
-from otel_verl.rollout.agent_loop import ToolAgentLoop
-from otel_verl.rollout.clients import VLLMCompletionsClient
-from otel_verl.demo.run import MODEL_NAME, ForcedToolPolicy, make_rows
 from otel_verl.demo.otlp_receiver import OTLPReceiver
-from otel_verl.rollout.reward import Gsm8kReward
+from otel_verl.demo.run import MODEL_NAME, ForcedToolPolicy, make_rows
 from otel_verl.demo.server import VLLMServer
 from otel_verl.demo.tiny_model import build_tiny_model
+from otel_verl.rollout.agent_loop import ToolAgentLoop
+from otel_verl.rollout.clients import VLLMCompletionsClient
+from otel_verl.rollout.reward import Gsm8kReward
 from otel_verl.rollout.tools import CalculatorTool
 
 

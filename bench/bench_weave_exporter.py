@@ -30,6 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from otel_weave_exporter import WeaveSpanExporter
 from otel_weave_exporter._encode import encode_call
 from otel_weave_exporter._translate import Translator
@@ -124,16 +125,16 @@ def main(argv: list[str] | None = None) -> int:
             spans = make_spans(BATCH, payload)
             tr = Translator("e", "p")
             tr.begin_batch(spans)
-            t_tr = per_span_us(lambda ss: [tr.translate(s) for s in ss], spans, args.rounds)
+            t_tr = per_span_us(lambda ss, tr=tr: [tr.translate(s) for s in ss], spans, args.rounds)
             t_enc = per_span_us(
-                lambda ss: [encode_call(tr.translate(s), 3_500_000) for s in ss], spans, args.rounds
-            )
+                lambda ss, tr=tr: [encode_call(tr.translate(s), 3_500_000) for s in ss], spans,
+                args.rounds)
             exporter = WeaveSpanExporter(project="e/p", base_url=url)
             many = spans * args.batches
 
-            failures = []
+            failures: list[str] = []
 
-            def export_all(ss, exp=exporter):
+            def export_all(ss, exp=exporter, failures=failures):
                 for i in range(0, len(ss), BATCH):
                     if exp.export(ss[i : i + BATCH]).name != "SUCCESS":
                         failures.append(type(exp).__name__)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             if OTLPSpanExporter is not None:
                 otlp = OTLPSpanExporter(endpoint=url + "/v1/traces")
                 export_all(spans, otlp)
-                t_otlp = per_span_us(lambda ss: export_all(ss, otlp), many, args.rounds)
+                t_otlp = per_span_us(lambda ss, otlp=otlp: export_all(ss, otlp), many, args.rounds)
                 otlp.shutdown()
             def cell(t):
                 return f"{t[1]:6.2f} ({t[0]:6.2f})"

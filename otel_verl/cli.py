@@ -69,7 +69,7 @@ class _Progress:
         self._done = 0
         self._shown = -1
         try:
-            from tqdm import tqdm  # type: ignore[import-untyped]
+            from tqdm import tqdm
         except ImportError:
             self._bar = None
         else:
@@ -167,7 +167,8 @@ def _cell(value: Any) -> str:
 def _table(rows: list[list[str]], out: TextIO) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
+        out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+                  .rstrip() + "\n")
 
 
 def _unique_prefix_length(ids: list[str], minimum: int = 12) -> int:
@@ -471,7 +472,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             "steps": [
                 {side: (None if pair is None else {"name": pair[1]["name"],
                                                      "output": _output_text(pair[1])})
-                 for side, pair in zip(("a", "b"), pairs)}
+                 for side, pair in zip(("a", "b"), pairs, strict=True)}
                 for pairs in itertools.zip_longest(*steps)
             ],
         }, sys.stdout)

@@ -247,7 +247,7 @@ async def _run_jobs(args: argparse.Namespace, base_url: str, tokenizer: Any, res
 
 def _account(result: DemoResult, label: str, jobs: list[Any], outs: list[Any]) -> None:
     rewards = result.rewards.setdefault(label, [])
-    for job, (_, _, out) in zip(jobs, outs):
+    for job, (_, _, out) in zip(jobs, outs, strict=True):
         result.trajectories += 1
         result.traced += 1 if job[4] else 0
         result.traced_requests += out.extra_fields["assistant_turns"] if job[4] else 0
@@ -285,8 +285,8 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
                  if config.backend == "file" else
                  ("sent by vLLM to " + str(config.otlp_endpoint or "the default endpoint"))
                  if config.backend == "otlp" else "engine tracing off for this backend"))
-    for key, value in result.seconds.items():
-        rows.append((f"time {key}", f"{value:.1f} s"))
+    for key, seconds in result.seconds.items():
+        rows.append((f"time {key}", f"{seconds:.1f} s"))
     if config.backend == "file":
         default_dir = os.path.abspath("otel_verl_traces")
         where = "" if trace_dir == default_dir else f" --dir {trace_dir}"

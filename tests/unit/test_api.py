@@ -21,7 +21,6 @@ from otel_verl import (
     use_context,
 )
 from otel_verl.testing import capture_spans
-
 from otel_verl.testing import spans_by_name as by_name
 
 

@@ -99,7 +99,7 @@ def _run(capsys, *argv):
 def _rows(out):
     lines = out.splitlines()
     header = lines[0].split()
-    return header, [dict(zip(header, line.split())) for line in lines[1:]]
+    return header, [dict(zip(header, line.split(), strict=False)) for line in lines[1:]]
 
 
 # --- list ---------------------------------------------------------------------------------------
