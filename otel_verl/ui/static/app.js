@@ -334,7 +334,8 @@
       section.append(grid);
       const head = ['split', 'step', 'trajectories', 'prompts', 'reward mean', 'pass rate',
         'spread (std)', 'min', 'max', 'flat groups', 'turns', 'tokens in', 'tokens out',
-        'tool calls', 'tool errors', 'with errors', 'latency mean', 'latency max'];
+        'tool calls', 'tool errors', 'with errors', 'latency mean', 'latency max',
+        'ran (sampler)', 'kept because'];
       const body = steps.map((s) => {
         const f = flat.get(s.experiment + '|' + s.validate + '|' + s.step);
         const listHref = href('trajectories', {experiment: s.experiment, step: s.step,
@@ -351,13 +352,17 @@
           h('td', {}, fmt(s.tokens_out_mean, 0)), h('td', {}, fmt(s.tool_calls)),
           h('td', {class: s.tool_errors ? 'bad' : ''}, fmt(s.tool_errors)),
           h('td', {class: s.with_errors ? 'bad' : ''}, fmt(s.with_errors)),
-          h('td', {}, dur(s.duration_mean_ns)), h('td', {}, dur(s.duration_max_ns)));
+          h('td', {}, dur(s.duration_mean_ns)), h('td', {}, dur(s.duration_max_ns)),
+          h('td', {title: 'trajectories that ran, from the samplers\' reports (dropped ones ' +
+            'included)'}, s.ran === null || s.ran === undefined ? '–' : `${s.ran} (` +
+            `${s.dropped} dropped)`),
+          h('td', {}, (s.sampling_reasons || []).join(', ') || '–'));
       });
       section.append(scroll(h('table', Object.assign({class: 'grid'}, testid('steps-table')),
         h('thead', {}, h('tr', {}, head.map((c) => h('th', {}, c)))), h('tbody', {}, body))));
       section.append(h('p', {class: 'muted'}, 'Means are weighted by rollout.sampling.weight ' +
-        'when the tail sampler set it (1 otherwise). Pass rate: share of trajectories with ' +
-        'reward > 0.'));
+        'when the sampler set it (1 otherwise), so they estimate every trajectory that ran, ' +
+        'not only the kept ones. Pass rate: share of trajectories with reward > 0.'));
       main.append(section);
     }
   }
@@ -458,7 +463,8 @@
       ['tokens in / out', fmt(row.tokens_in) + ' / ' + fmt(row.tokens_out)],
       ['tool calls', row.tool_calls + (row.tool_errors ? ` (${row.tool_errors} failed)` : '')],
       ['spans', row.spans], ['duration', dur(row.duration_ns)], ['status', row.status],
-      ['trace', row.trace_id],
+      ['ended', row.termination], ['kept because', row.sampling_reason],
+      ['weight', row.weight], ['trace', row.trace_id],
     ];
     return h('dl', Object.assign({class: 'summary'}, testid('summary')),
       items.map(([k, v]) => [h('dt', {}, k), h('dd', {}, fmt(v))]));
