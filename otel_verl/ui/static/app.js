@@ -446,7 +446,10 @@
         h('td', {}, fmt(r.tokens_out)),
         h('td', {}, fmt(r.tool_calls) + (r.tool_errors ? ` (${r.tool_errors} failed)` : '')),
         h('td', {class: r.errors ? 'bad' : ''}, fmt(r.errors)), h('td', {}, dur(r.duration_ns)),
-        h('td', {class: 'status-' + r.status}, r.status),
+        h('td', {class: 'status-' + (r.span_id ? r.status : 'partial'), title: r.span_id ? '' :
+          'no trajectory span: the spans of this trace without one (another service, or a ' +
+          'worker that crashed before the trajectory ended)'},
+        r.span_id ? r.status : 'partial' + (r.status === 'error' ? ' · error' : '')),
         h('td', {class: 'snippet', title: r.response || ''}, r.response || r.error || ''));
     });
     main.append(scroll(h('table', Object.assign({class: 'grid'}, testid('trajectory-table')),
