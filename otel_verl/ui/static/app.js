@@ -160,8 +160,7 @@
   // charts (plotly when available; every chart also has its numbers in a table next to it)
   function stepAxis(steps) {
     const lo = Math.min(...steps), hi = Math.max(...steps);
-    return {title: {text: 'step'}, tickformat: 'd', dtick: Math.max(1, Math.ceil((hi - lo) / 10)),
-      tick0: lo};
+    return {tickformat: 'd', dtick: Math.max(1, Math.ceil((hi - lo) / 10)), tick0: lo};
   }
   function chart(id, traces, layout) {
     const box = h('div', Object.assign({class: 'chart', id}, testid(id)));
@@ -279,9 +278,13 @@
       if (!groups.has(key)) groups.set(key, []);
       groups.get(key).push(s);
     }
-    for (const [name, steps] of groups) {
-      const train = steps.filter((s) => s.validate !== true);
-      const val = steps.filter((s) => s.validate === true);
+    const ordered = [...groups].sort(([a], [b]) => (a === '(none)') - (b === '(none)') ||
+      (a < b ? -1 : a > b ? 1 : 0));
+    for (const [name, steps] of ordered) {
+      const stepped = steps.filter((s) => s.step !== null && s.step !== undefined &&
+        s.trajectories > 0);
+      const train = stepped.filter((s) => s.validate !== true);
+      const val = stepped.filter((s) => s.validate === true);
       const series = (rows, field, label, extra) => Object.assign({
         x: rows.map((s) => s.step), y: rows.map((s) => s[field]), name: label,
         type: 'scatter', mode: 'lines+markers',
@@ -300,11 +303,11 @@
           mode: 'markers', marker: {symbol: 'diamond', size: 11}, text: hoverReward(val),
           hovertemplate: '%{text}<extra></extra>'}));
       }
-      const xaxis = stepAxis(steps.map((s) => s.step));
+      const xaxis = stepAxis(stepped.map((s) => s.step));
       const hover = (unit) => `step %{x}<br>%{y:.3~f}${unit || ''}<extra>%{fullData.name}</extra>`;
       const section = h('section', {class: 'experiment'},
         h('h2', {}, 'experiment ', h('code', {}, name)));
-      const grid = h('div', {class: 'charts'},
+      const grid = !stepped.length ? null : h('div', {class: 'charts'},
         chart('chart-reward', rewardTraces, {title: {text: 'Reward per step'}, xaxis}),
         chart('chart-pass', [
           series(train, 'pass_rate', 'training pass rate (reward > 0)', {hovertemplate: hover()}),
@@ -331,7 +334,13 @@
         ], {title: {text: 'Latency (s)'}, xaxis}),
         chart('chart-turns', [series(train, 'turns_mean', 'turns (mean)', {hovertemplate: hover()})],
           {title: {text: 'Turns per trajectory'}, xaxis}));
-      section.append(grid);
+      if (stepped.length) {
+        section.append(grid);
+      } else {
+        section.append(h('p', {class: 'muted'}, 'No training steps here: trajectories without ' +
+          'rollout.step (spans of other services, or traces without a trajectory span). ',
+        link(href('trajectories', {}), 'See them in the table.')));
+      }
       const head = ['split', 'step', 'trajectories', 'prompts', 'reward mean', 'pass rate',
         'spread (std)', 'min', 'max', 'flat groups', 'turns', 'tokens in', 'tokens out',
         'tool calls', 'tool errors', 'with errors', 'latency mean', 'latency max',
@@ -575,7 +584,8 @@
       main.append(h('section', Object.assign({class: 'errors'}, testid('errors')),
         h('h2', {}, 'Errors'), data.errors.map((e) => h('div', {class: 'error-item'},
           h('strong', {}, e.type + ': '), h('span', testid('error-message'), e.message),
-          h('span', {class: 'muted'}, ' in ' + e.span),
+          h('span', {class: 'muted'}, ' raised in ' + e.span + (e.through && e.through.length ?
+            ', through ' + e.through.slice().reverse().join(' → ') : '')),
           e.stacktrace ? h('details', {}, h('summary', {}, 'stack trace'),
             h('pre', {}, e.stacktrace)) : null))));
     }
