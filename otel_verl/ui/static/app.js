@@ -225,8 +225,9 @@
       return;
     }
     generation = meta.generation;
-    const main = h('main', Object.assign({}, testid('view-' + route.name)));
-    app.replaceChildren(header(), problemsBanner() || '', main);
+    // the new view is built aside and swapped in whole: no blank page while data loads
+    const main = h('main', Object.assign({'data-route': decodeURIComponent(location.hash)},
+      testid('view-' + route.name)));
     const view = VIEWS[route.name] || viewOverview;
     try {
       await view(main, route.params);
@@ -234,6 +235,8 @@
       main.append(h('p', {class: 'error'}, 'failed to render: ' + error));
       console.error(error);
     }
+    if (location.hash !== currentRoute) return;  // the user moved on meanwhile
+    app.replaceChildren(header(), problemsBanner() || '', main);
   }
 
   async function poll() {
