@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -856,16 +857,30 @@ def _decode_line(raw: bytes) -> tuple[list[dict[str, Any]], int, str | None]:
     return spans, max(_raw_span_count(resource_spans) - len(spans), 0), None
 
 
-def _quiet_decode(request: dict[str, Any]) -> list[dict[str, Any]]:
-    import logging
+class _QuietDecode(logging.Filter):
+    """Drops the decoder's per-request "bad span(s)" warning in threads that count bad spans
+    themselves (the index reports them per file); other threads' warnings pass."""
 
-    logger = logging.getLogger("otel_verl.store")
-    previous = logger.disabled
-    logger.disabled = True  # bad spans are counted here, per file, not warned line by line
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return threading.get_ident() not in self.threads or "bad span" not in str(record.msg)
+
+
+_QUIET = _QuietDecode()
+for _name in ("otel_verl", "otel_verl.store"):  # the decoder's logger (it moved once)
+    logging.getLogger(_name).addFilter(_QUIET)
+
+
+def _quiet_decode(request: dict[str, Any]) -> list[dict[str, Any]]:
+    me = threading.get_ident()
+    _QUIET.threads.add(me)
     try:
         return spans_from_otlp_json(request)
     finally:
-        logger.disabled = previous
+        _QUIET.threads.discard(me)
 
 
 def _raw_span_count(resource_spans: list[Any]) -> int:

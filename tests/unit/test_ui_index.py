@@ -125,7 +125,7 @@ def test_sampling_reports_give_what_ran_per_step(tmp_path):
     assert index.problems()["partial_trajectories"] == 0  # reports are not trajectories
 
 
-def test_foreign_and_bad_lines_are_counted_not_fatal(tmp_path):
+def test_foreign_and_bad_lines_are_counted_not_fatal(tmp_path, caplog):
     write_store(tmp_path, [1.0])
     foreign = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [
         {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
@@ -138,6 +138,7 @@ def test_foreign_and_bad_lines_are_counted_not_fatal(tmp_path):
     problems = index.problems()
     assert problems["bad_lines"] == 2 and problems["bad_spans"] == 1
     assert problems["partial_trajectories"] == 1 and problems["trajectories"] == 2
+    assert not [r for r in caplog.records if "bad span" in r.getMessage()]  # counted, not spammed
 
 
 def test_read_only_store_indexes_into_the_user_cache(tmp_path, monkeypatch):
