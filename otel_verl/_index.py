@@ -214,7 +214,8 @@ def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
                                     or '"prompt"' in raw_in):
         value = _json_or_none(raw_in)
         if isinstance(value, dict):
-            kwargs = value.get("kwargs") if isinstance(value.get("kwargs"), dict) else value
+            inner = value.get("kwargs")
+            kwargs: dict[str, Any] = inner if isinstance(inner, dict) else value
             messages = kwargs.get("raw_prompt") or kwargs.get("messages")
             if isinstance(messages, list):
                 users = [_message_text(m) for m in messages

@@ -120,7 +120,8 @@ def _messages(t: Trajectory) -> list[dict[str, Any]]:
         calls = []
         for call in message.get("tool_calls") or ():
             if isinstance(call, dict):
-                function = call.get("function") if isinstance(call.get("function"), dict) else call
+                inner = call.get("function")
+                function: dict[str, Any] = inner if isinstance(inner, dict) else call
                 calls.append({"id": call.get("id"), "name": function.get("name"),
                               "arguments": _cap(function.get("arguments"))})
         out.append({"role": str(message.get("role", "?")),
