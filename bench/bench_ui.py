@@ -212,18 +212,30 @@ def _median_ms(url: str, rounds: int = 5) -> tuple[float, bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trajectories", type=int, default=100_000)
-    parser.add_argument("--keep", help="generate into this directory and keep it")
+    parser.add_argument("--keep", help="generate into this directory and keep it (a store already "
+                                       "there is reused)")
     args = parser.parse_args()
     root = args.keep or tempfile.mkdtemp(prefix="bench_ui_")
     store = os.path.join(root, "store")
     try:
         started = time.perf_counter()
-        spans = generate_store(store, args.trajectories)
+        if args.keep and os.path.isdir(store) and os.listdir(store):
+            spans = 12 * args.trajectories
+            print(f"reusing the store generated earlier in {store}")
+            for extra in [f for f in os.listdir(store)
+                          if f.endswith(f"{args.trajectories:08d}.jsonl")]:
+                os.remove(os.path.join(store, extra))  # an earlier run's appended files
+        else:
+            spans = generate_store(store, args.trajectories)
         size = sum(os.path.getsize(os.path.join(store, f)) for f in os.listdir(store))
-        print(f"generated {args.trajectories} trajectories, {spans} spans, {size / 1e6:.0f} MB "
-              f"in {time.perf_counter() - started:.0f}s")
+        print(f"store: {args.trajectories} trajectories, {spans} spans, {size / 1e6:.0f} MB "
+              f"({time.perf_counter() - started:.0f}s)", flush=True)
+        index_path = os.path.join(root, "index.sqlite3")
+        for stale in (index_path, index_path + "-wal", index_path + "-shm"):
+            if os.path.exists(stale):
+                os.remove(stale)
 
-        index = StoreIndex(store, os.path.join(root, "index.sqlite3"))
+        index = StoreIndex(store, index_path)
         stats = index.update()
         print(f"index build: {stats.seconds:.1f}s = {stats.new_spans / stats.seconds:,.0f} "
               f"spans/s, {stats.new_bytes / 1e6 / stats.seconds:.0f} MB/s; index "

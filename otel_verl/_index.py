@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -40,13 +41,19 @@ from pathlib import Path
 from typing import Any
 
 from otel_verl import semconv
-from otel_verl.store import Trajectory, group_trajectories, list_files, spans_from_otlp_json
+from otel_verl.store import (
+    Trajectory,
+    group_trajectories,
+    list_files,
+    sampling_reports,
+    spans_from_otlp_json,
+)
 
 __all__ = ["TRAJECTORY_COLUMNS", "IndexStats", "StoreIndex", "default_index_path"]
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 #: the attribute the tail sampler sets: how many trajectories this one stands for
-SAMPLING_WEIGHT = getattr(semconv, "ROLLOUT_SAMPLING_WEIGHT", "rollout.sampling.weight")
+SAMPLING_WEIGHT = semconv.ROLLOUT_SAMPLING_WEIGHT
 _EXCEPTION_TYPE = "exception.type"
 _EXCEPTION_MESSAGE = "exception.message"
 _SNIPPET = 400
@@ -63,6 +70,9 @@ _KEPT_ATTRIBUTES = (
     semconv.ROLLOUT_REWARD,
     semconv.ROLLOUT_NUM_TURNS,
     SAMPLING_WEIGHT,
+    semconv.ROLLOUT_SAMPLING_REASON,
+    semconv.ROLLOUT_TERMINATION,
+    semconv.ERROR_TYPE,
     semconv.OTEL_VERL_TRAJECTORY,
     semconv.OPENINFERENCE_SPAN_KIND,
     semconv.GEN_AI_OPERATION_NAME,
@@ -82,7 +92,7 @@ TRAJECTORY_COLUMNS = (
     "key", "trace_id", "span_id", "name", "project", "experiment", "step", "sample_index",
     "rollout_n", "validate", "reward", "reward_label", "weight", "turns", "spans", "llm_calls",
     "tokens_in", "tokens_out", "tool_calls", "tool_errors", "errors", "error", "start_ns",
-    "duration_ns", "llm_ns", "status", "prompt", "response",
+    "duration_ns", "llm_ns", "status", "sampling_reason", "termination", "prompt", "response",
 )
 _SORTABLE = {c for c in TRAJECTORY_COLUMNS if c not in ("prompt", "response", "error", "key")}
 
@@ -104,7 +114,10 @@ CREATE TABLE IF NOT EXISTS trajectories (
     reward_label TEXT, weight REAL, turns INTEGER, spans INTEGER, llm_calls INTEGER,
     tokens_in INTEGER, tokens_out INTEGER, tool_calls INTEGER, tool_errors INTEGER,
     errors INTEGER, error TEXT, start_ns INTEGER, duration_ns INTEGER, llm_ns INTEGER,
-    status TEXT, prompt TEXT, response TEXT, search TEXT);
+    status TEXT, sampling_reason TEXT, termination TEXT, prompt TEXT, response TEXT,
+    search TEXT);
+CREATE TABLE IF NOT EXISTS reports (
+    trace_id TEXT, span_id TEXT, attributes TEXT, PRIMARY KEY (trace_id, span_id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS trajectories_trace ON trajectories (trace_id);
 CREATE INDEX IF NOT EXISTS trajectories_group
     ON trajectories (experiment, step, sample_index, rollout_n);
@@ -201,7 +214,8 @@ def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
                                     or '"prompt"' in raw_in):
         value = _json_or_none(raw_in)
         if isinstance(value, dict):
-            kwargs = value.get("kwargs") if isinstance(value.get("kwargs"), dict) else value
+            inner = value.get("kwargs")
+            kwargs: dict[str, Any] = inner if isinstance(inner, dict) else value
             messages = kwargs.get("raw_prompt") or kwargs.get("messages")
             if isinstance(messages, list):
                 users = [_message_text(m) for m in messages
@@ -301,6 +315,10 @@ def _compact(span: dict[str, Any]) -> tuple[Any, ...]:
 _dumps = json.JSONEncoder(default=str, separators=(",", ":")).encode
 
 
+def _is_report(span: dict[str, Any]) -> bool:
+    return span["name"] == semconv.SAMPLING_REPORT_SPAN and span["parent_span_id"] is None
+
+
 def _span_of_row(row: tuple[Any, ...]) -> dict[str, Any]:
     """An index row back into a (partial) span dict the store's trajectory model accepts."""
     trace_id, span_id, parent, name, start_ns, end_ns, status, status_message, data = row
@@ -368,6 +386,7 @@ def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
     llm = [s for s in t.spans if is_llm_span(s)]
     tools = [s for s in t.spans if is_tool_span(s)]
     tool_errors = sum(1 for s in tools if s["status"]["code"] == "ERROR"
+                      or semconv.ERROR_TYPE in s["attributes"]
                       or "tool_error" in s.get("text", {}))
     tokens_in = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_INPUT_TOKENS)) or 0 for s in llm)
     tokens_out = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)) or 0
@@ -387,7 +406,9 @@ def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
     error = first_error(t)
     if error:
         search.append(error)
-    weight = _number(t.attribute(SAMPLING_WEIGHT))
+    # the store's rule: a trajectory stands for sampling_weight trajectories; a partial one
+    # (no trajectory span) for none
+    weight = t.sampling_weight if t.root is not None else 0.0
     validate = t.validate
     turns = _int(t.num_turns)
     search_text = "\n".join([prompt or "", response or "", *search])[:_SEARCH_TEXT]
@@ -397,10 +418,12 @@ def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
         t.experiment if isinstance(t.experiment, str) else None,
         _int(t.step), _int(t.sample_index), _int(t.rollout_n),
         int(validate) if isinstance(validate, bool) else None,
-        _number(t.reward), reward_label(t), weight if weight is not None else 1.0,
+        _number(t.reward), reward_label(t), weight,
         turns, len(t.spans), len(llm), tokens_in, tokens_out, len(tools), tool_errors,
         len(t.errors), _snippet(error, 500) if error else None, t.start_ns, t.duration_ns,
-        llm_ns, t.status, _snippet(prompt, _SNIPPET) if prompt else None,
+        llm_ns, t.status, t.sampling_reason,
+        _snippet(t.attribute(semconv.ROLLOUT_TERMINATION), 100) or None,
+        _snippet(prompt, _SNIPPET) if prompt else None,
         _snippet(response, _SNIPPET) if response else None, search_text.lower(),
     )
 
@@ -425,7 +448,7 @@ class StoreIndex:
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             version = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if version is None or version[0] != SCHEMA_VERSION:  # another layout: start over
-                for table in ("files", "spans", "trace_lines", "trajectories", "meta"):
+                for table in ("files", "spans", "trace_lines", "trajectories", "reports", "meta"):
                     conn.execute(f"DROP TABLE IF EXISTS {table}")
             conn.executescript(_SCHEMA)
             if version is None or version[0] != SCHEMA_VERSION:
@@ -449,7 +472,7 @@ class StoreIndex:
             self._local.conn = None
 
     def _clear(self, conn: sqlite3.Connection) -> None:
-        for table in ("files", "spans", "trace_lines", "trajectories", "meta"):
+        for table in ("files", "spans", "trace_lines", "trajectories", "reports", "meta"):
             conn.execute(f"DELETE FROM {table}")
         conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
 
@@ -540,6 +563,7 @@ class StoreIndex:
                 line_start = offset
                 rows: list[tuple[Any, ...]] = []
                 lines: list[tuple[str, int, int]] = []
+                reports: list[tuple[str, str, str]] = []
                 for raw in data[: end + 1].split(b"\n")[:-1]:
                     here = line_start
                     line_start += len(raw) + 1
@@ -557,6 +581,10 @@ class StoreIndex:
                         problem = problem or f"{state.path}: line {state.lines}: {bad} bad span(s)"
                     seen: set[str] = set()
                     for span in spans:
+                        if _is_report(span):  # a sampler's per-step counts, not a trajectory
+                            reports.append((span["trace_id"], span["span_id"],
+                                            _dumps(span["attributes"])))
+                            continue
                         rows.append(_compact(span))
                         if span["trace_id"] not in seen:
                             seen.add(span["trace_id"])
@@ -571,6 +599,9 @@ class StoreIndex:
                     conn.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?)",
                                      rows)
                     conn.executemany("INSERT OR IGNORE INTO trace_lines VALUES (?,?,?)", lines)
+                    conn.executemany("INSERT OR IGNORE INTO reports VALUES (?,?,?)", reports)
+                    if reports:
+                        self.generation += 1
                     self._save_file(conn, state, size, problem)
             state.pending_bytes = len(carry)
             self._save_file(conn, state, size, problem)
@@ -598,7 +629,7 @@ class StoreIndex:
             with conn:
                 conn.execute(f"DELETE FROM trajectories WHERE trace_id IN ({marks})", batch)
                 conn.executemany(
-                    f"INSERT OR REPLACE INTO trajectories VALUES ({','.join('?' * 29)})",
+                    f"INSERT OR REPLACE INTO trajectories VALUES ({','.join('?' * 31)})",
                     [_row_of_trajectory(t) for t in trajectories])
         return len(ordered)
 
@@ -642,7 +673,9 @@ class StoreIndex:
                    min(reward), max(reward), avg(turns), sum(weight * tokens_in) / sum(weight),
                    sum(weight * tokens_out) / sum(weight), sum(tool_calls), sum(tool_errors),
                    avg(duration_ns), max(duration_ns), sum(errors > 0), avg(llm_ns),
-                   count(DISTINCT sample_index), sum(span_id = '')
+                   count(DISTINCT sample_index), sum(span_id = ''),
+                   sum(CASE WHEN errors > 0 THEN weight ELSE 0 END) / nullif(sum(weight), 0),
+                   group_concat(DISTINCT sampling_reason)
             FROM trajectories {where}
             GROUP BY experiment, validate, step ORDER BY experiment, validate, step"""
         out = []
@@ -656,9 +689,31 @@ class StoreIndex:
                 "turns_mean": r[10], "tokens_in_mean": r[11], "tokens_out_mean": r[12],
                 "tool_calls": r[13], "tool_errors": r[14], "duration_mean_ns": r[15],
                 "duration_max_ns": r[16], "with_errors": r[17], "llm_mean_ns": r[18],
-                "prompts": r[19], "partial": r[20],
+                "prompts": r[19], "partial": r[20], "error_rate": r[21],
+                "sampling_reasons": sorted((r[22] or "").split(",")) if r[22] else [],
+                "ran": None, "dropped": None,
             })
+        reports = self.sampling_reports()
+        for row in out:
+            counts = reports.pop((row["experiment"], row["validate"], row["step"]), None)
+            if counts is not None:
+                row["ran"], row["dropped"] = counts.get("ran", 0), counts.get("dropped", 0)
+        for (exp, validate, step), counts in reports.items():  # steps where nothing was kept
+            if experiment and exp != experiment:
+                continue
+            out.append({"experiment": exp, "validate": validate, "step": step, "trajectories": 0,
+                        "weight": 0.0, "ran": counts.get("ran", 0),
+                        "dropped": counts.get("dropped", 0)})
+        out.sort(key=lambda r: (str(r["experiment"]), bool(r["validate"]), r["step"] or 0))
         return out
+
+    def sampling_reports(self) -> dict[tuple[Any, Any, Any], dict[str, int]]:
+        """The samplers' per-step reports summed (the store's ``sampling_reports``)."""
+        spans = ({"name": semconv.SAMPLING_REPORT_SPAN, "parent_span_id": None,
+                  "trace_id": trace_id, "span_id": span_id, "attributes": json.loads(attributes)}
+                 for trace_id, span_id, attributes in self._conn().execute(
+                     "SELECT trace_id, span_id, attributes FROM reports"))
+        return sampling_reports(spans)
 
     def flat_groups(self, experiment: str | None = None) -> list[dict[str, Any]]:
         """Per (experiment, validate, step): GRPO groups whose rollouts all got the same reward
@@ -803,16 +858,30 @@ def _decode_line(raw: bytes) -> tuple[list[dict[str, Any]], int, str | None]:
     return spans, max(_raw_span_count(resource_spans) - len(spans), 0), None
 
 
-def _quiet_decode(request: dict[str, Any]) -> list[dict[str, Any]]:
-    import logging
+class _QuietDecode(logging.Filter):
+    """Drops the decoder's per-request "bad span(s)" warning in threads that count bad spans
+    themselves (the index reports them per file); other threads' warnings pass."""
 
-    logger = logging.getLogger("otel_verl.store")
-    previous = logger.disabled
-    logger.disabled = True  # bad spans are counted here, per file, not warned line by line
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return threading.get_ident() not in self.threads or "bad span" not in str(record.msg)
+
+
+_QUIET = _QuietDecode()
+for _name in ("otel_verl", "otel_verl.store"):  # the decoder's logger (it moved once)
+    logging.getLogger(_name).addFilter(_QUIET)
+
+
+def _quiet_decode(request: dict[str, Any]) -> list[dict[str, Any]]:
+    me = threading.get_ident()
+    _QUIET.threads.add(me)
     try:
         return spans_from_otlp_json(request)
     finally:
-        logger.disabled = previous
+        _QUIET.threads.discard(me)
 
 
 def _raw_span_count(resource_spans: list[Any]) -> int:

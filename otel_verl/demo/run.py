@@ -158,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="Hydra-style override passed as verl_config (repeatable), e.g. "
                         "actor_rollout_ref.rollout.trace.token2text=true")
     p.add_argument("--server-log", default=None, help="where the vLLM log goes")
+    p.add_argument("--startup-timeout", type=float, default=240.0,
+                   help="seconds to wait for vLLM to become healthy (default 240; its CPU "
+                        "start-up takes longer on a crowded machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -371,7 +374,8 @@ def run_demo(args: argparse.Namespace, out: Any = None) -> DemoResult:
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     server = VLLMServer(model_dir, port=args.port or None, served_model_name=MODEL_NAME,
                         otlp_endpoint=endpoint, otlp_protocol=protocol,
-                        service_name="vllm", log_path=log_path)
+                        service_name="vllm", log_path=log_path,
+                        startup_timeout_s=args.startup_timeout)
     progress = None
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

@@ -120,7 +120,8 @@ def _messages(t: Trajectory) -> list[dict[str, Any]]:
         calls = []
         for call in message.get("tool_calls") or ():
             if isinstance(call, dict):
-                function = call.get("function") if isinstance(call.get("function"), dict) else call
+                inner = call.get("function")
+                function: dict[str, Any] = inner if isinstance(inner, dict) else call
                 calls.append({"id": call.get("id"), "name": function.get("name"),
                               "arguments": _cap(function.get("arguments"))})
         out.append({"role": str(message.get("role", "?")),
@@ -215,6 +216,22 @@ def _attach(messages: list[dict[str, Any]], turns: list[dict[str, Any]],
             message["tool"] = tool if tool is not None else next(tool_iter, None)
 
 
+def _merge_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per distinct error: where it was raised (the innermost span, which starts last)
+    and the spans it propagated through (``through``)."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for error in errors:  # spans by start time: outer ones first
+        key = (error["type"], str(error["message"]))
+        if key in merged:
+            first = merged[key]
+            first["through"].append(first["span"])
+            first["span"], first["span_id"] = error["span"], error["span_id"]
+            first["stacktrace"] = error["stacktrace"] or first["stacktrace"]
+        else:
+            merged[key] = {**error, "through": []}
+    return list(merged.values())
+
+
 def trajectory_view(index: StoreIndex, key: str) -> dict[str, Any] | None:
     """Everything the trajectory page shows; None when the key is unknown."""
     row = index.trajectory_row(key)
@@ -233,7 +250,7 @@ def trajectory_view(index: StoreIndex, key: str) -> dict[str, Any] | None:
     tools = [_tool(s) for s in chosen.spans if is_tool_span(s)]
     messages = _messages(chosen)
     _attach(messages, turns, tools)
-    errors = [e for s in chosen.spans for e in _span_errors(s)]
+    errors = _merge_errors([e for s in chosen.spans for e in _span_errors(s)])
     return {
         "row": row, "messages": messages, "turns": turns, "tools": tools,
         "reward": _reward(chosen), "errors": errors, "first_error": first_error(chosen),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
-from conftest import CharTokenizer, ScriptedClient
+from _scripted import CharTokenizer, ScriptedClient
 
 from otel_verl import RolloutTraceConfig, rollout_trace_attr
 from otel_verl.rollout.agent_loop import ToolAgentLoop

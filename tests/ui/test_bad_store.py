@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from uihelpers import UIProcess, shot
+from uihelpers import UIProcess, goto, shot
 
 from otel_verl.store import list_files
 
@@ -52,27 +52,28 @@ def test_bad_store_is_shown_with_what_was_skipped(page, real_store, tmp_path, ar
         handle.write(lines[0][: len(lines[0]) // 2])            # a writer that crashed mid-line
     server = UIProcess(store)
     try:
-        page.goto(server.url + "#/overview")
+        goto(page, server.url, "#/overview")
         banner = page.get_by_test_id("problems")
         expect(banner).to_contain_text("1 bad line(s) skipped")
         expect(banner).to_contain_text("1 undecodable span(s) skipped")
         expect(banner).to_contain_text("1 file(s) end in an incomplete line")
         expect(banner).to_contain_text("trace(s) without a trajectory span")
-        expect(page.get_by_test_id("steps-table")).to_be_visible()  # the rest still shows
+        expect(page.get_by_test_id("steps-table").first).to_be_visible()  # the rest still shows
         shot(page, artifacts, "bad-store")
-        page.goto(server.url + "#/trajectories?trace=0af7651916cd43dd")
+        goto(page, server.url, "#/trajectories?trace=0af7651916cd43dd")
         expect(page.get_by_test_id("count")).to_have_text("1–1 of 1")
-        expect(page.locator("[data-testid=trajectory-table] tbody tr td.status-error")).to_be_visible()
+        expect(page.locator("[data-testid=trajectory-table] tbody tr td.status-partial")
+               ).to_have_text("partial · error")
         page.locator("[data-testid=trajectory-table] tbody tr a").first.click()
         expect(page.get_by_test_id("error-message").first).to_have_text("HTTP 503")
         expect(page.get_by_test_id("waterfall")).to_contain_text("GET /cart")
         # the trace that lost its trajectory span is listed as partial, spans and all
-        page.goto(server.url + f"#/trajectories?trace={dropped[0][:16]}")
+        goto(page, server.url, f"#/trajectories?trace={dropped[0][:16]}")
         expect(page.locator("td.status-partial").first).to_be_visible()
         # the writer finishes its line: the next look reads it
         with open(first, "ab") as handle:
             handle.write(lines[0][len(lines[0]) // 2:])
-        page.goto(server.url + "#/overview")
+        goto(page, server.url, "#/overview")
         expect(page.get_by_test_id("problems")).not_to_contain_text("incomplete line",
                                                                     timeout=15_000)
     finally:

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 from playwright.sync_api import expect
-from uihelpers import EDGE_EXPERIMENT, run_cli, shot
+from uihelpers import EDGE_EXPERIMENT, goto, run_cli, shot
 
 from otel_verl import semconv
 from otel_verl.store import group_trajectories, read_spans
@@ -29,29 +29,29 @@ def test_report_opens_offline_with_every_view(browser, real_store, artifacts):
     page.on("request", lambda r: requests.append(r.url))
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(report.as_uri())
+    goto(page, report.as_uri())
     expect(page.get_by_test_id("report-note")).to_contain_text("offline report")
     # overview numbers, as in the server
     demo = [t for t in trajectories if t.experiment != EDGE_EXPERIMENT]
-    page.goto(report.as_uri() + f"#/overview?experiment={demo[0].experiment}")
+    goto(page, report.as_uri(), f"#/overview?experiment={demo[0].experiment}")
     row = page.locator("[data-testid=steps-table] tr[data-step='1'][data-split='training']")
     rewards = [t.reward for t in demo if t.step == 1 and t.validate is False]
     expect(row.locator("td.reward-mean")).to_have_text(f"{statistics.fmean(rewards):.3f}")
     expect(page.locator("[data-testid=chart-reward] .main-svg").first).to_be_visible()
     shot(page, artifacts, "report-overview")
     # filtering runs in the page
-    page.goto(report.as_uri() + "#/trajectories?step=2&validate=false")
+    goto(page, report.as_uri(), "#/trajectories?step=2&validate=false")
     want = [t for t in trajectories if t.step == 2 and t.validate is False]
     expect(page.get_by_test_id("count")).to_have_text(f"1–{len(want)} of {len(want)}")
-    page.goto(report.as_uri() + "#/trajectories?text=division by zero")
+    goto(page, report.as_uri(), "#/trajectories?text=division by zero")
     expect(page.get_by_test_id("count")).to_have_text("1–1 of 1")
     # a trajectory with its tool call, and the group view
     t = next(t for t in demo if t.validate is False)
     tool = next(s for s in t.spans if s["attributes"].get(semconv.GEN_AI_TOOL_NAME))
-    page.goto(report.as_uri() + f"#/trajectory?key={t.trace_id}:{t.span_id}")
+    goto(page, report.as_uri(), f"#/trajectory?key={t.trace_id}:{t.span_id}")
     expect(page.get_by_test_id("tool-result").first).to_contain_text(
         f"result {tool['attributes'][semconv.GEN_AI_TOOL_CALL_RESULT]}")
-    page.goto(report.as_uri() + f"#/group?experiment={t.experiment}&step={t.step}"
+    goto(page, report.as_uri(), f"#/group?experiment={t.experiment}&step={t.step}"
               f"&sample_index={t.sample_index}&validate=false")
     expect(page.get_by_test_id("group-table").locator("tbody tr")).to_have_count(
         sum(1 for x in demo if (x.step, x.sample_index, x.validate) == (t.step, t.sample_index,
@@ -59,7 +59,7 @@ def test_report_opens_offline_with_every_view(browser, real_store, artifacts):
     # the planted script stays text here too
     planted = next(x for x in trajectories
                    if x.experiment == EDGE_EXPERIMENT and x.sample_index == 2)
-    page.goto(report.as_uri() + f"#/trajectory?key={planted.trace_id}:{planted.span_id}")
+    goto(page, report.as_uri(), f"#/trajectory?key={planted.trace_id}:{planted.span_id}")
     expect(page.get_by_text("<script>window.__pwned=1</script>").first).to_be_visible()
     assert page.evaluate("window.__pwned") is None
     context.close()

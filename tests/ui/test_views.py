@@ -19,6 +19,7 @@ from uihelpers import (
     N,
     UIProcess,
     edge_rollouts,
+    goto,
     shot,
 )
 
@@ -46,7 +47,7 @@ def test_overview_rewards_per_step(page, ui, trajectories, artifacts):
     demo = demo_trajectories(trajectories)
     experiment = demo[0].experiment
     assert len(demo) == STEPS * PROMPTS * N + VAL_PROMPTS  # the demo traced every rollout
-    page.goto(ui.url + f"#/overview?experiment={experiment}")
+    goto(page, ui.url, f"#/overview?experiment={experiment}")
     table = page.locator("[data-testid=steps-table]")
     expect(table).to_be_visible()
     for step in range(1, STEPS + 1):
@@ -74,12 +75,12 @@ def test_overview_rewards_per_step(page, ui, trajectories, artifacts):
 
 def test_trajectory_table_filters_sort_and_pages(page, ui, trajectories, artifacts):
     total = len(trajectories)
-    page.goto(ui.url + "#/trajectories?page_size=10")
+    goto(page, ui.url, "#/trajectories?page_size=10")
     expect(page.get_by_test_id("count")).to_have_text(f"1–10 of {total}")
     page.get_by_test_id("next").click()
     expect(page.get_by_test_id("count")).to_have_text(f"11–20 of {total}")
     # filters through the form
-    page.goto(ui.url + "#/trajectories")
+    goto(page, ui.url, "#/trajectories")
     page.get_by_test_id("filter-step").fill("2")
     page.get_by_test_id("filter-validate").select_option("false")
     page.get_by_test_id("apply").click()
@@ -88,28 +89,28 @@ def test_trajectory_table_filters_sort_and_pages(page, ui, trajectories, artifac
     assert set(cells(page, "trajectory-table", 3)) == {"2"}
     assert set(cells(page, "trajectory-table", 6)) == {"training"}
     # reward range and sort by reward, descending
-    page.goto(ui.url + "#/trajectories?reward_min=0.5&order=reward&desc=true")
+    goto(page, ui.url, "#/trajectories?reward_min=0.5&order=reward&desc=true")
     rewarded = [t for t in trajectories if t.reward is not None and t.reward >= 0.5]
     expect(page.get_by_test_id("count")).to_contain_text(f"of {len(rewarded)}")
     shown = [float(x) for x in cells(page, "trajectory-table", 7)]
     assert shown == sorted(shown, reverse=True) and min(shown) >= 0.5
     # validation only
-    page.goto(ui.url + "#/trajectories?validate=true")
+    goto(page, ui.url, "#/trajectories?validate=true")
     expect(page.get_by_test_id("count")).to_contain_text(f"of {VAL_PROMPTS}")
     # errors only: the engine that refused and the tool that failed
-    page.goto(ui.url + "#/trajectories")
+    goto(page, ui.url, "#/trajectories")
     page.get_by_test_id("filter-errors").check()
     page.get_by_test_id("apply").click()
     expect(page.get_by_test_id("count")).to_have_text("1–2 of 2")
     assert set(cells(page, "trajectory-table", 2)) == {EDGE_EXPERIMENT}
     # free text over prompts, answers and tool calls
-    page.goto(ui.url + "#/trajectories?text=division by zero")
+    goto(page, ui.url, "#/trajectories?text=division by zero")
     expect(page.get_by_test_id("count")).to_have_text("1–1 of 1")
-    page.goto(ui.url + "#/trajectories?sample_index=1&rollout_n=2")
+    goto(page, ui.url, "#/trajectories?sample_index=1&rollout_n=2")
     want = [t for t in trajectories if t.sample_index == 1 and t.rollout_n == 2]
     expect(page.get_by_test_id("count")).to_contain_text(f"of {len(want)}")
-    page.goto(ui.url + "#/trajectories?order=reward&desc=true")
-    expect(page.get_by_test_id("trajectory-table")).to_be_visible()
+    goto(page, ui.url, "#/trajectories?order=reward&desc=true")
+    expect(page.locator("th[data-sort=reward]")).to_have_text("reward ▼")
     shot(page, artifacts, "trajectories", full_page=False)
 
 
@@ -120,7 +121,7 @@ def _tool_span(trajectory):
 def test_trajectory_conversation_tool_call_reward_and_engine_spans(page, ui, trajectories,
                                                                     artifacts):
     t = next(t for t in demo_trajectories(trajectories) if t.step == 1 and t.validate is False)
-    page.goto(ui.url + f"#/trajectory?key={t.trace_id}:{t.span_id}")
+    goto(page, ui.url, f"#/trajectory?key={t.trace_id}:{t.span_id}")
     expect(page.get_by_test_id("conversation")).to_be_visible()
     tool = _tool_span(t)["attributes"]
     result = page.get_by_test_id("tool-result").first
@@ -151,13 +152,13 @@ def test_error_message_is_shown(page, ui, trajectories, artifacts):
     t = next(t for t in trajectories if t.experiment == EDGE_EXPERIMENT and t.sample_index == 0)
     message = next(e["attributes"]["exception.message"] for s in t.spans for e in s["events"]
                    if e["name"] == "exception")
-    page.goto(ui.url + f"#/trajectory?key={t.trace_id}:{t.span_id}")
+    goto(page, ui.url, f"#/trajectory?key={t.trace_id}:{t.span_id}")
     expect(page.get_by_test_id("errors")).to_be_visible()
     expect(page.get_by_test_id("error-message").first).to_have_text(message)
     shot(page, artifacts, "trajectory-error")
     failed_tool = next(t for t in trajectories
                        if t.experiment == EDGE_EXPERIMENT and t.sample_index == 1)
-    page.goto(ui.url + f"#/trajectory?key={failed_tool.trace_id}:{failed_tool.span_id}")
+    goto(page, ui.url, f"#/trajectory?key={failed_tool.trace_id}:{failed_tool.span_id}")
     expect(page.get_by_test_id("tool-result").first).to_contain_text("division by zero")
     expect(page.locator(".msg.role-tool .bad").first).to_have_text("failed")
 
@@ -172,7 +173,7 @@ def test_grpo_group_side_by_side(page, ui, trajectories, artifacts):
     (step, sample), members = max(groups.items(),
                                   key=lambda kv: len({t.reward for t in kv[1]}))
     assert len(members) == N
-    page.goto(ui.url + f"#/group?experiment={members[0].experiment}&step={step}"
+    goto(page, ui.url, f"#/group?experiment={members[0].experiment}&step={step}"
               f"&sample_index={sample}&validate=false")
     table = page.get_by_test_id("group-table")
     expect(table.locator("tbody tr")).to_have_count(N)
@@ -192,7 +193,7 @@ def test_grpo_group_side_by_side(page, ui, trajectories, artifacts):
 def test_prompt_through_training(page, ui, trajectories, artifacts):
     demo = [t for t in demo_trajectories(trajectories) if t.validate is False]
     sample = demo[0].sample_index
-    page.goto(ui.url + f"#/prompt?experiment={demo[0].experiment}&sample_index={sample}"
+    goto(page, ui.url, f"#/prompt?experiment={demo[0].experiment}&sample_index={sample}"
               "&validate=false")
     rows = page.get_by_test_id("prompt-table").locator("tbody tr")
     expect(rows).to_have_count(STEPS * N)
@@ -207,7 +208,7 @@ def test_compare_two_trajectories(page, ui, trajectories, artifacts):
     demo = demo_trajectories(trajectories)
     a, b = (t for t in demo if t.step == 1 and t.sample_index == demo[0].sample_index
             and t.rollout_n in (0, 1) and t.validate is False)
-    page.goto(ui.url + "#/trajectories?step=1&sample_index=" + str(a.sample_index)
+    goto(page, ui.url, "#/trajectories?step=1&sample_index=" + str(a.sample_index)
               + "&validate=false")
     page.locator(f"tr[data-key='{a.trace_id}:{a.span_id}'] input[type=checkbox]").check()
     page.locator(f"tr[data-key='{b.trace_id}:{b.span_id}'] input[type=checkbox]").check()
@@ -223,7 +224,7 @@ def test_planted_script_stays_text(page, ui, trajectories):
     t = next(t for t in trajectories if t.experiment == EDGE_EXPERIMENT and t.sample_index == 2)
     for route in (f"#/trajectory?key={t.trace_id}:{t.span_id}",
                   f"#/prompt?experiment={EDGE_EXPERIMENT}&sample_index=2"):
-        page.goto(ui.url + route)
+        goto(page, ui.url, route)
         expect(page.get_by_text("<script>window.__pwned=1</script>").first).to_be_visible()
         time.sleep(0.3)
         assert page.evaluate("window.__pwned") is None
@@ -235,7 +236,7 @@ def test_new_trajectories_appear_while_the_run_writes(page, real_store, trajecto
     shutil.copytree(real_store, store, ignore=shutil.ignore_patterns(".otel_verl_index"))
     server = UIProcess(store)
     try:
-        page.goto(server.url + "#/trajectories")
+        goto(page, server.url, "#/trajectories")
         expect(page.get_by_test_id("count")).to_contain_text(f"of {len(trajectories)}")
         edge_rollouts(store, "live-append")  # another process writes a new file meanwhile
         expect(page.get_by_test_id("count")).to_contain_text(f"of {len(trajectories) + 3}",

@@ -87,3 +87,12 @@ class UIProcess:
 
 def shot(page, artifacts: Path, name: str, full_page: bool = True) -> None:
     page.screenshot(path=str(artifacts / f"{name}.png"), full_page=full_page)
+
+
+def goto(page, base: str, route: str = "") -> None:
+    """Open ``base + route`` and wait until the page shows that route's view (the viewer builds
+    a view aside and swaps it in whole, so the previous one stays visible meanwhile)."""
+    from playwright.sync_api import expect
+
+    page.goto(base + route)
+    expect(page.locator(f'main[data-route="{route}"]')).to_be_attached()

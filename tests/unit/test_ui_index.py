@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import otel_verl
-from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op, semconv
 from otel_verl._index import SAMPLING_WEIGHT, StoreIndex
 from otel_verl.store import list_files
 from otel_verl.ui.report import write_report
@@ -99,7 +99,33 @@ def test_overview_is_weighted_and_counts_errors(tmp_path):
     assert labels == {"ok", "wrong", None}
 
 
-def test_foreign_and_bad_lines_are_counted_not_fatal(tmp_path):
+def _report_line(step, ran, dropped, span_id):
+    attributes = [{"key": k, "value": v} for k, v in (
+        (semconv.ROLLOUT_STEP, {"intValue": str(step)}), (semconv.ROLLOUT_VALIDATE,
+                                                          {"boolValue": False}),
+        (semconv.ROLLOUT_EXPERIMENT_NAME, {"stringValue": "exp"}),
+        (semconv.ROLLOUT_SAMPLING_RAN, {"intValue": str(ran)}),
+        (semconv.ROLLOUT_SAMPLING_DROPPED, {"intValue": str(dropped)}))]
+    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [{
+        "traceId": f"{span_id:032x}", "spanId": f"{span_id:016x}",
+        "name": semconv.SAMPLING_REPORT_SPAN, "startTimeUnixNano": "1",
+        "endTimeUnixNano": "1", "attributes": attributes}]}]}]}) + "\n"
+
+
+def test_sampling_reports_give_what_ran_per_step(tmp_path):
+    write_store(tmp_path, [1.0, 0.0])
+    with open(tmp_path / "reports.jsonl", "w") as handle:  # two workers report step 1; step 2
+        handle.write(_report_line(1, 10, 8, 1) + _report_line(1, 6, 6, 2)
+                     + _report_line(2, 5, 5, 3))
+    index = StoreIndex(tmp_path)
+    index.update()
+    steps = {s["step"]: s for s in index.overview()}
+    assert steps[1]["trajectories"] == 2 and (steps[1]["ran"], steps[1]["dropped"]) == (16, 14)
+    assert steps[2]["trajectories"] == 0 and steps[2]["ran"] == 5
+    assert index.problems()["partial_trajectories"] == 0  # reports are not trajectories
+
+
+def test_foreign_and_bad_lines_are_counted_not_fatal(tmp_path, caplog):
     write_store(tmp_path, [1.0])
     foreign = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [
         {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
@@ -112,6 +138,7 @@ def test_foreign_and_bad_lines_are_counted_not_fatal(tmp_path):
     problems = index.problems()
     assert problems["bad_lines"] == 2 and problems["bad_spans"] == 1
     assert problems["partial_trajectories"] == 1 and problems["trajectories"] == 2
+    assert not [r for r in caplog.records if "bad span" in r.getMessage()]  # counted, not spammed
 
 
 def test_read_only_store_indexes_into_the_user_cache(tmp_path, monkeypatch):

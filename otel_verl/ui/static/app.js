@@ -160,8 +160,7 @@
   // charts (plotly when available; every chart also has its numbers in a table next to it)
   function stepAxis(steps) {
     const lo = Math.min(...steps), hi = Math.max(...steps);
-    return {title: {text: 'step'}, tickformat: 'd', dtick: Math.max(1, Math.ceil((hi - lo) / 10)),
-      tick0: lo};
+    return {tickformat: 'd', dtick: Math.max(1, Math.ceil((hi - lo) / 10)), tick0: lo};
   }
   function chart(id, traces, layout) {
     const box = h('div', Object.assign({class: 'chart', id}, testid(id)));
@@ -226,8 +225,9 @@
       return;
     }
     generation = meta.generation;
-    const main = h('main', Object.assign({}, testid('view-' + route.name)));
-    app.replaceChildren(header(), problemsBanner() || '', main);
+    // the new view is built aside and swapped in whole: no blank page while data loads
+    const main = h('main', Object.assign({'data-route': decodeURIComponent(location.hash)},
+      testid('view-' + route.name)));
     const view = VIEWS[route.name] || viewOverview;
     try {
       await view(main, route.params);
@@ -235,6 +235,8 @@
       main.append(h('p', {class: 'error'}, 'failed to render: ' + error));
       console.error(error);
     }
+    if (location.hash !== currentRoute) return;  // the user moved on meanwhile
+    app.replaceChildren(header(), problemsBanner() || '', main);
   }
 
   async function poll() {
@@ -279,9 +281,13 @@
       if (!groups.has(key)) groups.set(key, []);
       groups.get(key).push(s);
     }
-    for (const [name, steps] of groups) {
-      const train = steps.filter((s) => s.validate !== true);
-      const val = steps.filter((s) => s.validate === true);
+    const ordered = [...groups].sort(([a], [b]) => (a === '(none)') - (b === '(none)') ||
+      (a < b ? -1 : a > b ? 1 : 0));
+    for (const [name, steps] of ordered) {
+      const stepped = steps.filter((s) => s.step !== null && s.step !== undefined &&
+        s.trajectories > 0);
+      const train = stepped.filter((s) => s.validate !== true);
+      const val = stepped.filter((s) => s.validate === true);
       const series = (rows, field, label, extra) => Object.assign({
         x: rows.map((s) => s.step), y: rows.map((s) => s[field]), name: label,
         type: 'scatter', mode: 'lines+markers',
@@ -300,11 +306,11 @@
           mode: 'markers', marker: {symbol: 'diamond', size: 11}, text: hoverReward(val),
           hovertemplate: '%{text}<extra></extra>'}));
       }
-      const xaxis = stepAxis(steps.map((s) => s.step));
+      const xaxis = stepAxis(stepped.map((s) => s.step));
       const hover = (unit) => `step %{x}<br>%{y:.3~f}${unit || ''}<extra>%{fullData.name}</extra>`;
       const section = h('section', {class: 'experiment'},
         h('h2', {}, 'experiment ', h('code', {}, name)));
-      const grid = h('div', {class: 'charts'},
+      const grid = !stepped.length ? null : h('div', {class: 'charts'},
         chart('chart-reward', rewardTraces, {title: {text: 'Reward per step'}, xaxis}),
         chart('chart-pass', [
           series(train, 'pass_rate', 'training pass rate (reward > 0)', {hovertemplate: hover()}),
@@ -331,10 +337,17 @@
         ], {title: {text: 'Latency (s)'}, xaxis}),
         chart('chart-turns', [series(train, 'turns_mean', 'turns (mean)', {hovertemplate: hover()})],
           {title: {text: 'Turns per trajectory'}, xaxis}));
-      section.append(grid);
+      if (stepped.length) {
+        section.append(grid);
+      } else {
+        section.append(h('p', {class: 'muted'}, 'No training steps here: trajectories without ' +
+          'rollout.step (spans of other services, or traces without a trajectory span). ',
+        link(href('trajectories', {}), 'See them in the table.')));
+      }
       const head = ['split', 'step', 'trajectories', 'prompts', 'reward mean', 'pass rate',
         'spread (std)', 'min', 'max', 'flat groups', 'turns', 'tokens in', 'tokens out',
-        'tool calls', 'tool errors', 'with errors', 'latency mean', 'latency max'];
+        'tool calls', 'tool errors', 'with errors', 'latency mean', 'latency max',
+        'ran (sampler)', 'kept because'];
       const body = steps.map((s) => {
         const f = flat.get(s.experiment + '|' + s.validate + '|' + s.step);
         const listHref = href('trajectories', {experiment: s.experiment, step: s.step,
@@ -351,13 +364,17 @@
           h('td', {}, fmt(s.tokens_out_mean, 0)), h('td', {}, fmt(s.tool_calls)),
           h('td', {class: s.tool_errors ? 'bad' : ''}, fmt(s.tool_errors)),
           h('td', {class: s.with_errors ? 'bad' : ''}, fmt(s.with_errors)),
-          h('td', {}, dur(s.duration_mean_ns)), h('td', {}, dur(s.duration_max_ns)));
+          h('td', {}, dur(s.duration_mean_ns)), h('td', {}, dur(s.duration_max_ns)),
+          h('td', {title: 'trajectories that ran, from the samplers\' reports (dropped ones ' +
+            'included)'}, s.ran === null || s.ran === undefined ? '–' : `${s.ran} (` +
+            `${s.dropped} dropped)`),
+          h('td', {}, (s.sampling_reasons || []).join(', ') || '–'));
       });
       section.append(scroll(h('table', Object.assign({class: 'grid'}, testid('steps-table')),
         h('thead', {}, h('tr', {}, head.map((c) => h('th', {}, c)))), h('tbody', {}, body))));
       section.append(h('p', {class: 'muted'}, 'Means are weighted by rollout.sampling.weight ' +
-        'when the tail sampler set it (1 otherwise). Pass rate: share of trajectories with ' +
-        'reward > 0.'));
+        'when the sampler set it (1 otherwise), so they estimate every trajectory that ran, ' +
+        'not only the kept ones. Pass rate: share of trajectories with reward > 0.'));
       main.append(section);
     }
   }
@@ -441,7 +458,10 @@
         h('td', {}, fmt(r.tokens_out)),
         h('td', {}, fmt(r.tool_calls) + (r.tool_errors ? ` (${r.tool_errors} failed)` : '')),
         h('td', {class: r.errors ? 'bad' : ''}, fmt(r.errors)), h('td', {}, dur(r.duration_ns)),
-        h('td', {class: 'status-' + r.status}, r.status),
+        h('td', {class: 'status-' + (r.span_id ? r.status : 'partial'), title: r.span_id ? '' :
+          'no trajectory span: the spans of this trace without one (another service, or a ' +
+          'worker that crashed before the trajectory ended)'},
+        r.span_id ? r.status : 'partial' + (r.status === 'error' ? ' · error' : '')),
         h('td', {class: 'snippet', title: r.response || ''}, r.response || r.error || ''));
     });
     main.append(scroll(h('table', Object.assign({class: 'grid'}, testid('trajectory-table')),
@@ -458,7 +478,8 @@
       ['tokens in / out', fmt(row.tokens_in) + ' / ' + fmt(row.tokens_out)],
       ['tool calls', row.tool_calls + (row.tool_errors ? ` (${row.tool_errors} failed)` : '')],
       ['spans', row.spans], ['duration', dur(row.duration_ns)], ['status', row.status],
-      ['trace', row.trace_id],
+      ['ended', row.termination], ['kept because', row.sampling_reason],
+      ['weight', row.weight], ['trace', row.trace_id],
     ];
     return h('dl', Object.assign({class: 'summary'}, testid('summary')),
       items.map(([k, v]) => [h('dt', {}, k), h('dd', {}, fmt(v))]));
@@ -566,7 +587,8 @@
       main.append(h('section', Object.assign({class: 'errors'}, testid('errors')),
         h('h2', {}, 'Errors'), data.errors.map((e) => h('div', {class: 'error-item'},
           h('strong', {}, e.type + ': '), h('span', testid('error-message'), e.message),
-          h('span', {class: 'muted'}, ' in ' + e.span),
+          h('span', {class: 'muted'}, ' raised in ' + e.span + (e.through && e.through.length ?
+            ', through ' + e.through.slice().reverse().join(' → ') : '')),
           e.stacktrace ? h('details', {}, h('summary', {}, 'stack trace'),
             h('pre', {}, e.stacktrace)) : null))));
     }
