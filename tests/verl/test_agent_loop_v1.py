@@ -120,6 +120,10 @@ def test_v1_trainer_traces_like_the_legacy_one(tiny_model, tmp_path, monkeypatch
     spans, fake = _run_v1(tiny_model, tmp_path, monkeypatch,
                           {"backend": "file", "max_samples_per_step_per_worker": 1,
                            "token2text": True}, samples=[0, 1, 2], step=5, n=2)
+    # verl's GRPO group size reached otel_verl (group_size's verl key: actor_rollout_ref.rollout.n)
+    from otel_verl import RolloutTraceConfig as Core
+
+    assert Core.get_instance().config.group_size == 2
     # verl's own v1 flow is unchanged: every session of every prompt reached TransferQueue
     assert sorted(r["key"] for r in fake.rows) == sorted(
         f"uid-{i}_{s}_0" for i in (0, 1, 2) for s in (0, 1))

@@ -25,15 +25,7 @@ import otel_verl
 from otel_verl import _env
 from otel_verl._config import FOREIGN_BACKENDS
 from otel_verl.integrations.verl import _agent_loop, _tools, _vllm
-from otel_verl.integrations.verl._common import (
-    LOCK,
-    MARK,
-    S,
-    check_verl_version,
-    norm,
-    safe,
-    set_attr,
-)
+from otel_verl.integrations.verl._common import LOCK, MARK, S, check_verl_version, norm, set_attr
 from otel_verl.semconv import SpanKindName
 
 _log = logging.getLogger("otel_verl")
@@ -62,8 +54,24 @@ class _InstanceView:
         return self._core.max_samples_per_step_per_worker
 
 
+def _caller_rollout_n(frame: Any) -> int | None:
+    """verl's ``actor_rollout_ref.rollout.n`` from the object whose method called ``init``.
+
+    verl calls ``RolloutTraceConfig.init`` from ``AgentLoopWorker.__init__`` with the trace keys
+    only; the worker's ``self.config`` is verl's whole config. The GRPO group size is handed to
+    otel_verl's ``group_size`` (its verl key is ``actor_rollout_ref.rollout.n``); anything
+    unexpected just leaves it unset.
+    """
+    try:
+        owner = frame.f_locals.get("self") if frame is not None else None
+        n = owner.config.actor_rollout_ref.rollout.n if owner is not None else None
+    except Exception:  # noqa: BLE001 - optional: not verl's worker, or another config shape
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def _verl_keys(project_name: Any, experiment_name: Any, backend: Any, token2text: Any,
-               max_samples: Any) -> dict[str, Any]:
+               max_samples: Any, rollout_n: int | None = None) -> dict[str, Any]:
     """verl's init arguments as verl config keys (so they rank as verl keys, above the env)."""
     trace: dict[str, Any] = {}
     if project_name is not None:
@@ -77,7 +85,10 @@ def _verl_keys(project_name: Any, experiment_name: Any, backend: Any, token2text
         trace["token2text"] = bool(token2text)
     if max_samples is not None:
         trace["max_samples_per_step_per_worker"] = max_samples
-    return {"actor_rollout_ref": {"rollout": {"trace": trace}}}
+    rollout: dict[str, Any] = {"trace": trace}
+    if rollout_n is not None:
+        rollout["n"] = rollout_n
+    return {"actor_rollout_ref": {"rollout": rollout}}
 
 
 class RolloutTraceConfig:
@@ -104,7 +115,8 @@ class RolloutTraceConfig:
                 return
             otel_verl.RolloutTraceConfig.init(
                 verl_config=_verl_keys(project_name, experiment_name, backend, token2text,
-                                       max_samples_per_step_per_worker),
+                                       max_samples_per_step_per_worker,
+                                       _caller_rollout_n(sys._getframe(1))),
                 **otel_options)
 
     @classmethod
@@ -200,42 +212,12 @@ _ROLES: dict[str, tuple[str, Before | None, After | None]] = {
 }
 
 
-def _with_attrs(func: Callable[..., Any], before: Before | None,
-                after: After | None) -> Callable[..., Any]:
-    """Run inside the op span: add GenAI attributes before/after the call (never raising)."""
-    if before is None and after is None:
-        return func
-    if inspect.iscoroutinefunction(func):
-        @functools.wraps(func)
-        async def traced_async(*args: Any, **kwargs: Any) -> Any:
-            if before is not None and args:
-                safe("verl span attributes", lambda: before(args[0], kwargs))
-            result = await func(*args, **kwargs)
-            if after is not None:
-                safe("verl span attributes", lambda: after(result))
-            return result
-
-        return traced_async
-    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-        return func
-
-    @functools.wraps(func)
-    def traced_sync(*args: Any, **kwargs: Any) -> Any:
-        if before is not None and args:
-            safe("verl span attributes", lambda: before(args[0], kwargs))
-        result = func(*args, **kwargs)
-        if after is not None:
-            safe("verl span attributes", lambda: after(result))
-        return result
-
-    return traced_sync
-
-
 def _dispatcher(func: Callable[..., Any], theirs: Callable[..., Any]) -> Callable[..., Any]:
     """One function that runs otel_verl's op while installed, verl's original otherwise."""
     kind, before, after = _ROLES.get(func.__name__, (SpanKindName.CHAIN, None, None))
-    ours = otel_verl.rollout_trace_op(_with_attrs(func, before, after),
-                                      name=func.__qualname__, kind=kind)
+    # the GenAI attributes come from otel_verl's own before/after hooks (inside the op's span)
+    ours = otel_verl.rollout_trace_op(func, name=func.__qualname__, kind=kind, before=before,
+                                      after=after)
     if inspect.iscoroutinefunction(func):
         @functools.wraps(func)
         async def dispatch_async(*args: Any, **kwargs: Any) -> Any:

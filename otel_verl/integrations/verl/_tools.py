@@ -40,15 +40,13 @@ def execute_before(owner: Any, kwargs: dict[str, Any]) -> None:
     _tool_attrs(owner, GenAIOperation.EXECUTE_TOOL)
 
 
-def _lifecycle(func: Callable[..., Any], step: str) -> Callable[..., Any]:
-    @functools.wraps(func)
-    async def with_attrs(*args: Any, **kwargs: Any) -> Any:
-        if args:
-            safe("verl span attributes", lambda: _tool_attrs(args[0], None))
-        return await func(*args, **kwargs)
+def _lifecycle_before(owner: Any, kwargs: dict[str, Any]) -> None:
+    _tool_attrs(owner, None)
 
-    traced = otel_verl.rollout_trace_op(with_attrs, name=func.__qualname__,
-                                        kind=SpanKindName.TOOL)
+
+def _lifecycle(func: Callable[..., Any], step: str) -> Callable[..., Any]:
+    traced = otel_verl.rollout_trace_op(func, name=func.__qualname__, kind=SpanKindName.TOOL,
+                                        before=_lifecycle_before)
 
     @functools.wraps(func)
     async def lifecycle(*args: Any, **kwargs: Any) -> Any:
