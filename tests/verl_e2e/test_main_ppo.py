@@ -76,7 +76,10 @@ def legacy_run(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ru
         run = run_main_ppo(workdir, tool_model, use_v1=False, backend="otlp",
                            engine_traces_url=rotel.http_endpoint + "/v1/traces",
                            trace_dir=trace_dir,
-                           env={"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint})
+                           # otel_verl's own durable log (the spool) stays elsewhere: the
+                           # assertions read only what came through the collector
+                           env={"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint,
+                                "OTEL_VERL_TRACE_DIR": str(workdir / "otel_verl_spool")})
         sink.wait_for(lambda spans: sum(s["name"] == "agent_loop" for s in spans)
                       >= STEPS * MAX_SAMPLES * N, timeout_s=30)
     _check(run)
