@@ -112,10 +112,11 @@ def patch_agent_loop(module: ModuleType) -> None:
         set_attr(worker, MARK, True)
 
 
-def _watch_subclasses(worker: type) -> None:
+def _watch_subclasses(worker: Any) -> None:
     """Warn once per unknown ``AgentLoopWorker`` subclass that runs samples its own way."""
-    for cls in worker.__subclasses__():
-        _check_worker_class(cls)
+    sub: type
+    for sub in worker.__subclasses__():
+        _check_worker_class(sub)
 
     def __init_subclass__(cls: type, **kwargs: Any) -> None:
         super(worker, cls).__init_subclass__(**kwargs)
@@ -305,9 +306,9 @@ def _traced_compute_score(original: Callable[..., Any]) -> Callable[..., Any]:
             _record(final)
             return result
         parent = otel_trace.get_current_span()
-        attrs = {semconv.OPENINFERENCE_SPAN_KIND: SpanKindName.EVALUATOR,
-                 semconv.GEN_AI_OPERATION_NAME: GenAIOperation.EVALUATE,
-                 semconv.GEN_AI_EVALUATION_NAME: "reward"}
+        attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: SpanKindName.EVALUATOR,
+                                 semconv.GEN_AI_OPERATION_NAME: GenAIOperation.EVALUATE,
+                                 semconv.GEN_AI_EVALUATION_NAME: "reward"}
         if getattr(parent, "attributes", None) and parent.attributes.get(
                 semconv.OTEL_VERL_TRAJECTORY):
             attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True

@@ -71,6 +71,7 @@ def _wrap_tool_lifecycle(cls: type) -> None:
 
 
 def _subclasses(cls: type) -> Iterator[type]:
+    sub: type
     for sub in cls.__subclasses__():
         yield sub
         yield from _subclasses(sub)

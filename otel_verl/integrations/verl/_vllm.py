@@ -132,7 +132,7 @@ def _take_carried_headers(engine: Any, args: tuple[Any, ...], kwargs: dict[str, 
     if not isinstance(extra, dict) or VLLM_EXTRA_ARGS_KEY not in extra:
         return
     headers = extra.pop(VLLM_EXTRA_ARGS_KEY)  # keep the engine core's request clean
-    if not extra:
+    if not extra and params is not None:
         params.extra_args = None
     observability = getattr(engine, "observability_config", None)
     tracing_on = getattr(observability, "otlp_traces_endpoint", None) is not None
