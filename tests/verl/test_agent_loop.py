@@ -181,7 +181,7 @@ def test_trace_context_travels_with_the_request_to_vllm(tiny_model, tmp_path, en
     gens = {s["span_id"]: s for s in read_spans(tmp_path / "traces")
             if s["name"] == "LLMServerClient.generate"}
     assert len(server.calls) == 2 and len(gens) == 2
-    from otel_verl.integrations.verl._patch import VLLM_EXTRA_ARGS_KEY
+    from otel_verl.integrations.verl._vllm import VLLM_EXTRA_ARGS_KEY
 
     for call in server.calls:
         extra = call["sampling_params"].get("extra_args")

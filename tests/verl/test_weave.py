@@ -34,6 +34,9 @@ def test_verl_rollout_lands_in_weave_with_verls_op_names_and_filters(tiny_model,
                                                                      monkeypatch):
     server = make_server(str(tmp_path / "weave.sqlite"))
     with WeaveShim(server, API_KEY) as shim:
+        # the tree verl's own weave backend draws (otel_verl's default keeps the trajectory span
+        # as the one root call: tested below)
+        monkeypatch.setenv("OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY", "false")
         monkeypatch.setenv("WANDB_API_KEY", API_KEY)
         monkeypatch.setenv("OTEL_VERL_WEAVE_BASE_URL", shim.url)
         overrides = h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
@@ -82,3 +85,29 @@ def test_verl_rollout_lands_in_weave_with_verls_op_names_and_filters(tiny_model,
         run = next(c for c in calls if c.op_name == "ToolAgentLoop.run")
         assert "raw_prompt" in run.inputs["kwargs"]
         assert run.output["num_turns"] == 4
+
+
+def test_default_weave_tree_has_one_root_call_per_trajectory(tiny_model, tmp_path, monkeypatch):
+    """otel_verl's default: the trajectory span (``agent_loop``) is each trajectory's root call,
+    verl's ``ToolAgentLoop.run`` and the reward under it."""
+    server = make_server(str(tmp_path / "weave.sqlite"))
+    with WeaveShim(server, API_KEY) as shim:
+        monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+        monkeypatch.setenv("OTEL_VERL_WEAVE_BASE_URL", shim.url)
+        overrides = h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
+                                     {"backend": "weave", "max_samples_per_step_per_worker": 1})
+        overrides = [o for o in overrides if not o.startswith("trainer.project_name=")]
+        config = h.compose_config([*overrides, f"trainer.project_name={PROJECT}"])
+        worker, _, _ = h.make_worker(config)
+        asyncio.run(worker.generate_sequences(h.make_batch([0, 1, 2], step=3, n=2)))
+        from verl.utils.rollout_trace import RolloutTraceConfig
+
+        assert RolloutTraceConfig.flush(10.0)
+        calls = shim.calls(PROJECT)
+        roots = shim.calls(PROJECT, trace_roots_only=True)
+    assert {c.op_name for c in calls} == VERL_OPS | OUR_EXTRA | {"agent_loop"}
+    assert [r.op_name for r in roots] == ["agent_loop"] * 2
+    by_id = {c.id: c for c in calls}
+    for c in calls:
+        if c.op_name in ("ToolAgentLoop.run", "AgentLoopWorker._compute_score"):
+            assert by_id[c.parent_id].op_name == "agent_loop", c.op_name

@@ -22,7 +22,9 @@ Configuration: verl's keys ``actor_rollout_ref.rollout.trace.{backend,token2text
 max_samples_per_step_per_worker,project_name,experiment_name}``; the backend may be ``file``,
 ``otlp``, ``weave``, ``console``, ``none``/null (off), or verl's own ``mlflow``/``trackio`` (handed to
 verl's code unchanged). Everything else (endpoints, trace directory, caps) from otel_verl's
-environment variables. Patched objects are listed in ``otel_verl.integrations.verl._patch``.
+environment variables. One module per patched surface: ``_facade`` (``verl.utils.rollout_trace``),
+``_agent_loop`` (sampling, agent span, reward), ``_tools`` (tool lifecycle), ``_vllm`` (the LLM hop
+into vLLM's engine); ``_common`` holds the shared state and the undo list.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from otel_verl.integrations.verl import _importhook, _patch
+from otel_verl.integrations.verl import _agent_loop, _common, _facade, _importhook, _tools, _vllm
 
 __all__ = ["SUPPORTED_VERL", "VerlInstrumentor", "install", "instrumentation_env", "is_installed",
            "uninstall"]
@@ -40,7 +42,7 @@ __all__ = ["SUPPORTED_VERL", "VerlInstrumentor", "install", "instrumentation_env
 _log = logging.getLogger("otel_verl")
 
 #: the verl versions this integration is tested with (a pip requirement specifier)
-SUPPORTED_VERL = "verl >= 0.9.1, < 0.10"
+SUPPORTED_VERL = _common.SUPPORTED_VERL
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 
@@ -79,11 +81,13 @@ def install(*, propagate: bool = True) -> None:
         propagate: also set ``instrumentation_env()`` in ``os.environ`` so processes started from
             this one (Ray workers on this node, engine servers) install it at startup.
     """
-    if _patch.mark_installed():
-        _importhook.when_imported(_patch.RT_MODULE, _patch.patch_rollout_trace)
-        _importhook.when_imported(_patch.AGENT_LOOP_MODULE, _patch.patch_agent_loop)
-        _importhook.when_imported(_patch.BASE_TOOL_MODULE, _patch.patch_base_tool)
-        _importhook.when_imported(_patch.VLLM_ASYNC_LLM_MODULE, _patch.patch_vllm_async_llm)
+    if _common.mark_installed():
+        _importhook.when_imported(_facade.RT_MODULE, _facade.patch_rollout_trace)
+        _importhook.when_imported(_agent_loop.AGENT_LOOP_MODULE, _agent_loop.patch_agent_loop)
+        _importhook.when_imported(_agent_loop.AGENT_LOOP_TQ_MODULE,
+                                  _agent_loop.patch_agent_loop_tq)
+        _importhook.when_imported(_tools.BASE_TOOL_MODULE, _tools.patch_base_tool)
+        _importhook.when_imported(_vllm.VLLM_ASYNC_LLM_MODULE, _vllm.patch_vllm_async_llm)
     if propagate:
         os.environ.update(instrumentation_env())
 
@@ -95,7 +99,7 @@ def uninstall() -> None:
     ``PYTHONPATH`` entry is removed, so processes started later do not install it.
     """
     _importhook.clear_hooks()
-    _patch.undo_all()
+    _common.undo_all()
     rest = _without_bootstrap(os.environ.get("PYTHONPATH", ""))
     if rest:
         os.environ["PYTHONPATH"] = os.pathsep.join(rest)
@@ -105,7 +109,7 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     """True while the integration is installed in this process."""
-    return _patch.is_installed()
+    return _common.is_installed()
 
 
 try:  # the launcher's base class when opentelemetry-instrumentation is there
