@@ -73,7 +73,7 @@ class TraceConfig:
     max_queue_bytes: int = 256 * 1024 * 1024
     max_request_bytes: int = 3 * 1024 * 1024
     max_spool_bytes: int = 1024 * 1024 * 1024
-    export_delay_s: float = 5.0
+    export_delay_s: float = 1.0
     tail_keep: tuple[str, ...] = ()
     group_size: int | None = None
     tail_reward_z: float = 2.0
@@ -427,8 +427,9 @@ _FIELDS: tuple[_Field, ...] = (
     _Field("export_delay_s", _parse_positive_float, (_env.OTEL_VERL_EXPORT_DELAY,),
            (VERL_TRACE_PREFIX + "export_delay_s",),
            doc="with `durable`: a request that is not full leaves once its oldest span waited "
-               "this long (the spans are on disk meanwhile), so requests fill up",
-           shown_default='5.0'),
+               "this long (the spans are on disk meanwhile); longer fills requests better but "
+               "leaves more on disk when a worker is killed (picked up by the next process)",
+           shown_default='1.0'),
     # tail sampling (otel_verl._tail, docs/sampling.md)
     _Field("tail_keep", _parse_tail_keep, (_env.OTEL_VERL_TAIL_KEEP,),
            (VERL_TRACE_PREFIX + "tail_keep",),

@@ -315,7 +315,7 @@ class DurableSpanExporter(SpanExporter):
     def __init__(self, inner: SpanExporter, directory: str | os.PathLike[str], *,
                  max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 max_batch_spans: int = 512, export_delay_s: float = 5.0,
+                 max_batch_spans: int = 512, export_delay_s: float = 1.0,
                  retry_initial_s: float = 0.5, retry_max_s: float = 5.0,
                  shutdown_timeout_s: float = 5.0,
                  max_overflow_bytes: int = 64 * 1024 * 1024) -> None:
