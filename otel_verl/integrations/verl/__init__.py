@@ -113,7 +113,7 @@ def is_installed() -> bool:
 
 
 try:  # the launcher's base class when opentelemetry-instrumentation is there
-    from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+    from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined,unused-ignore]
         BaseInstrumentor as _Base,
     )
 except ImportError:  # pragma: no cover - a small stand-in with the same public methods
@@ -140,8 +140,14 @@ except ImportError:  # pragma: no cover - a small stand-in with the same public 
                 self._uninstrument(**kwargs)
                 self._is_instrumented_by_opentelemetry = False
 
+        def _instrument(self, **kwargs: Any) -> None:
+            raise NotImplementedError
 
-class VerlInstrumentor(_Base):  # type: ignore[misc,valid-type]
+        def _uninstrument(self, **kwargs: Any) -> None:
+            raise NotImplementedError
+
+
+class VerlInstrumentor(_Base):  # type: ignore[misc,valid-type,unused-ignore]
     """OpenTelemetry instrumentor for verl (``opentelemetry-instrument`` loads it by entry point).
 
     ``VerlInstrumentor().instrument(propagate=True)`` is ``install()``;

@@ -309,8 +309,8 @@ def _traced_compute_score(original: Callable[..., Any]) -> Callable[..., Any]:
         attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: SpanKindName.EVALUATOR,
                                  semconv.GEN_AI_OPERATION_NAME: GenAIOperation.EVALUATE,
                                  semconv.GEN_AI_EVALUATION_NAME: "reward"}
-        if getattr(parent, "attributes", None) and parent.attributes.get(
-                semconv.OTEL_VERL_TRAJECTORY):
+        parent_attrs = getattr(parent, "attributes", None)  # SDK spans have them, others not
+        if parent_attrs and parent_attrs.get(semconv.OTEL_VERL_TRAJECTORY):
             attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
         with otel_verl.get_tracer().start_as_current_span(span_name, attributes=attrs) as span:
             otel_verl.set_payload(span, input={

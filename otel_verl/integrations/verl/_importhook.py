@@ -33,8 +33,9 @@ class _HookLoader(importlib.abc.Loader):
         # put the real loader back first, so introspection (inspect, linecache, importlib.resources)
         # sees the ordinary loader and not this proxy
         module.__loader__ = self._loader
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self._loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None:
+            spec.loader = self._loader
         self._loader.exec_module(module)
         self._finder.run_hooks(self._name, module)
 
