@@ -56,11 +56,13 @@ _CHUNK = 512
 #: prefix of a key is left where the span-end scan can no longer recognise it
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+/=.")
 
-_orjson: Any
+_orjson: Any = None
 try:  # the fast encoder (a core dependency; the stdlib json is the fallback)
-    import orjson as _orjson
+    import orjson
+
+    _orjson = orjson
 except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+    pass
 
 
 def _dumps_std(value: Any) -> str:
