@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
-from otel_verl._spool import suppressed_instrumentation
+from otel_verl._spool import suppressed_instrumentation, timeout_seconds
 
 _log = logging.getLogger("otel_verl")
 
@@ -242,7 +242,7 @@ class BoundedBatchProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: float = 30000) -> bool:
         if self._stopped:
             return not self._queue
-        timeout_s = _seconds(timeout_millis)
+        timeout_s = timeout_seconds(timeout_millis)
         deadline = time.monotonic() + timeout_s
         event = threading.Event()
         with self._cond:
@@ -271,7 +271,7 @@ class BoundedBatchProcessor(SpanProcessor):
     def shutdown(self, timeout_millis: float = 10000) -> None:
         if self._stopped:
             return
-        timeout_s = _seconds(timeout_millis)
+        timeout_s = timeout_seconds(timeout_millis)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._stopped = True
@@ -319,15 +319,6 @@ class BoundedBatchProcessor(SpanProcessor):
         self._start_worker()
 
 
-def _seconds(timeout_millis: float) -> float:
-    """A timeout in seconds that threading accepts (inf included; nan and negatives are 0)."""
-    try:
-        seconds = float(timeout_millis) / 1000.0
-    except (TypeError, ValueError):
-        return 30.0
-    if math.isnan(seconds) or seconds < 0:
-        return 0.0
-    return min(seconds, threading.TIMEOUT_MAX)
 
 
 _AFTER_FORK: weakref.WeakSet[BoundedBatchProcessor] = weakref.WeakSet()

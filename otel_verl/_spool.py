@@ -765,14 +765,14 @@ class DurableSpanExporter(SpanExporter):
                 return True
             self._flush_waiters.append(event)
             self._cond.notify_all()
-        return event.wait(_seconds(timeout_millis)) and self._pending <= 0
+        return event.wait(timeout_seconds(timeout_millis)) and self._pending <= 0
 
     def shutdown(self, timeout_millis: float | None = None) -> None:
         """Try to deliver what is left (bounded), then stop; what is left stays in the log."""
         if self._closed:
             return
         timeout_s = self.shutdown_timeout_s if timeout_millis is None else min(
-            self.shutdown_timeout_s, _seconds(timeout_millis))
+            self.shutdown_timeout_s, timeout_seconds(timeout_millis))
         with self._cond:
             self._stopping = True
             self._deadline = time.monotonic() + timeout_s
@@ -818,7 +818,7 @@ class DurableSpanExporter(SpanExporter):
                 self._counts[key] = self._counts.get(key, 0) + value
 
 
-def _seconds(timeout_millis: float) -> float:
+def timeout_seconds(timeout_millis: float) -> float:
     """A timeout in seconds that threading accepts (inf, nan and negatives included)."""
     try:
         seconds = float(timeout_millis) / 1000.0

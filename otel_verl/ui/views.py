@@ -20,6 +20,9 @@ from otel_verl._index import (
     prompt_and_response,
     reward_label,
 )
+from otel_verl._index import (
+    _json_or_none as _json,
+)
 from otel_verl.store import Trajectory, group_trajectories
 
 __all__ = ["group_view", "overview_view", "prompt_view", "trajectory_view"]
@@ -40,9 +43,6 @@ def _cap(value: Any, limit: int = MAX_VALUE_CHARS) -> Any:
     return value
 
 
-def _json(text: Any) -> Any:
-    if not isinstance(text, str):
-        return None
     try:
         return json.loads(text)
     except ValueError:
