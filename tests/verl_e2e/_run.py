@@ -13,7 +13,6 @@ import os
 import random
 import subprocess
 import sys
-import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SHIMS = HERE / "shims"
-TOOLS_DIR = HERE.parent / "verl"  # verl_test_tools.CalculatorTool
+TOOLS_DIR = HERE.parent / "verl"  # verl_test_tools.CalculatorTool, _harness.write_tool_config
+if str(TOOLS_DIR) not in sys.path:
+    sys.path.insert(0, str(TOOLS_DIR))
+from _harness import write_tool_config  # noqa: E402  (the verl tier's tool config, shared)
 
 STEPS = 2
 BATCH = 2          # prompts per step
@@ -53,29 +55,6 @@ def write_dataset(directory: Path, rows: int = 8, seed: int = 0) -> tuple[Path, 
     pd.DataFrame(records).to_parquet(train)
     pd.DataFrame(records[:2]).to_parquet(val)
     return train, val
-
-
-def write_tool_config(directory: Path) -> Path:
-    path = directory / "tools.yaml"
-    path.write_text(textwrap.dedent("""\
-        tools:
-          - class_name: verl_test_tools.CalculatorTool
-            config:
-              type: native
-            tool_schema:
-              type: function
-              function:
-                name: calculator
-                description: evaluate an arithmetic expression
-                parameters:
-                  type: object
-                  properties:
-                    expression:
-                      type: string
-                      description: the expression
-                  required: [expression]
-        """))
-    return path
 
 
 @dataclass
