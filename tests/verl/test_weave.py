@@ -29,6 +29,16 @@ def _expr(op, field, value):
     return {op: [{"$getField": field}, {"$literal": value}]}
 
 
+def _run_verl_rollout(tiny_model, tmp_path) -> None:
+    """verl's AgentLoopWorker with backend=weave: one step, samples 0-2, n=2, one traced sample."""
+    overrides = h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
+                                 {"backend": "weave", "max_samples_per_step_per_worker": 1})
+    overrides = [o for o in overrides if not o.startswith("trainer.project_name=")]
+    config = h.compose_config([*overrides, f"trainer.project_name={PROJECT}"])
+    worker, _, _ = h.make_worker(config)
+    asyncio.run(worker.generate_sequences(h.make_batch([0, 1, 2], step=3, n=2)))
+
+
 def test_verl_rollout_lands_in_weave_with_verls_op_names_and_filters(tiny_model, tmp_path,
                                                                      monkeypatch):
     server = make_server(str(tmp_path / "weave.sqlite"))
@@ -38,12 +48,7 @@ def test_verl_rollout_lands_in_weave_with_verls_op_names_and_filters(tiny_model,
         monkeypatch.setenv("OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY", "false")
         monkeypatch.setenv("WANDB_API_KEY", API_KEY)
         monkeypatch.setenv("OTEL_VERL_WEAVE_BASE_URL", shim.url)
-        overrides = h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
-                                     {"backend": "weave", "max_samples_per_step_per_worker": 1})
-        overrides = [o for o in overrides if not o.startswith("trainer.project_name=")]
-        config = h.compose_config([*overrides, f"trainer.project_name={PROJECT}"])
-        worker, _, _ = h.make_worker(config)
-        asyncio.run(worker.generate_sequences(h.make_batch([0, 1, 2], step=3, n=2)))
+        _run_verl_rollout(tiny_model, tmp_path)
         from verl.utils.rollout_trace import RolloutTraceConfig
 
         assert RolloutTraceConfig.get_backend() == "weave"
@@ -89,12 +94,7 @@ def test_default_weave_tree_has_one_root_call_per_trajectory(tiny_model, tmp_pat
     with WeaveShim(server, API_KEY) as shim:
         monkeypatch.setenv("WANDB_API_KEY", API_KEY)
         monkeypatch.setenv("OTEL_VERL_WEAVE_BASE_URL", shim.url)
-        overrides = h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
-                                     {"backend": "weave", "max_samples_per_step_per_worker": 1})
-        overrides = [o for o in overrides if not o.startswith("trainer.project_name=")]
-        config = h.compose_config([*overrides, f"trainer.project_name={PROJECT}"])
-        worker, _, _ = h.make_worker(config)
-        asyncio.run(worker.generate_sequences(h.make_batch([0, 1, 2], step=3, n=2)))
+        _run_verl_rollout(tiny_model, tmp_path)
         from verl.utils.rollout_trace import RolloutTraceConfig
 
         assert RolloutTraceConfig.flush(10.0)
