@@ -32,6 +32,9 @@ from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
 from otel_verl._spool import suppressed_instrumentation, timeout_seconds
 
+#: nudges (``BoundedBatchProcessor.nudge``) closer together than this are merged into one
+MIN_NUDGE_INTERVAL_S = 0.25
+
 _log = logging.getLogger("otel_verl")
 
 
@@ -131,6 +134,8 @@ class BoundedBatchProcessor(SpanProcessor):
         self._bytes = 0
         self._cond = threading.Condition()
         self._flush_requests: list[threading.Event] = []
+        self._nudge_at: float | None = None  # when a requested nudge is due
+        self._last_nudge = -math.inf
         self._in_flight = 0
         self._stopped = False
         self._worker = threading.Thread(target=self._run, name="otel_verl-export", daemon=True)
@@ -177,15 +182,25 @@ class BoundedBatchProcessor(SpanProcessor):
             with self._cond:
                 while (not self._stopped and not self._flush_requests and not self._full()
                        and not self._pressed()):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    now = time.monotonic()
+                    due = deadline if self._nudge_at is None else min(deadline, self._nudge_at)
+                    if due <= now:
                         break
-                    self._cond.wait(left)
+                    self._cond.wait(due - now)
                 stopping = self._stopped
                 waiters, self._flush_requests = self._flush_requests, []
-                everything = (stopping or bool(waiters) or self._pressed()
+                nudged = self._nudge_at is not None and self._nudge_at <= time.monotonic()
+                if nudged:
+                    self._nudge_at = None
+                    self._last_nudge = time.monotonic()
+                everything = (stopping or bool(waiters) or nudged or self._pressed()
                               or time.monotonic() >= deadline)
             self._drain(everything)
+            if nudged:
+                nudge_exporter = getattr(self.exporter, "nudge", None)
+                if nudge_exporter is not None:
+                    with contextlib.suppress(Exception):
+                        nudge_exporter()
             if everything:
                 deadline = time.monotonic() + self._delay
             for event in waiters:
@@ -259,6 +274,18 @@ class BoundedBatchProcessor(SpanProcessor):
                     _errors.internal_error(exc, "exporter.force_flush raised")
                     done = False
         return done
+
+    def nudge(self) -> None:
+        """Export what is queued now, and ask the exporter to deliver it now (the durable log's
+        ``nudge``), without waiting for either: called when this process has no trajectory in
+        flight any more (the end of a step's rollouts), so a worker that is ended right after
+        (Ray kills actors at a run's end) has already delivered them."""
+        if self._stopped:
+            return
+        with self._cond:
+            if self._nudge_at is None:  # at most one per MIN_NUDGE_INTERVAL_S: no request storm
+                self._nudge_at = max(time.monotonic(), self._last_nudge + MIN_NUDGE_INTERVAL_S)
+                self._cond.notify()
 
     def force_flush_to_exporter(self, timeout_s: float) -> bool:
         """Hand the queue to the exporter (not waiting for the exporter's own delivery)."""

@@ -357,6 +357,7 @@ class DurableSpanExporter(SpanExporter):
         self._pending = 0  # spans in this process's log, not yet delivered
         self._oldest_unsent: float | None = None
         self._flush_waiters: list[threading.Event] = []
+        self._urgent = False  # nudge(): send what is pending now, not after export_delay_s
         self._stopping = False
         self._deadline: float | None = None
         self._limit = self.max_batch_spans
@@ -598,12 +599,14 @@ class DurableSpanExporter(SpanExporter):
             return 0.0
         if self._pending <= 0:
             return max(0.05, self._next_adopt - now) if not self._stopping else 0.05
-        if self._pending >= self._limit or self._flush_waiters or self._stopping:
+        if self._pending >= self._limit or self._flush_waiters or self._stopping or self._urgent:
             return 0.0
         oldest = self._oldest_unsent or now
         return oldest + self.export_delay_s - now
 
     def _release_waiters(self, all_: bool = False) -> None:
+        if self._pending <= 0:
+            self._urgent = False
         if all_ or (self._pending <= 0 and not self._adopted):
             for event in self._flush_waiters:
                 event.set()
@@ -755,6 +758,13 @@ class DurableSpanExporter(SpanExporter):
                 self._pending -= 1
 
     # -- lifecycle --------------------------------------------------------------------------------
+    def nudge(self) -> None:
+        """Deliver what this process wrote now instead of after ``export_delay_s`` (no waiting)."""
+        with self._cond:
+            if self._pending > 0:
+                self._urgent = True
+                self._cond.notify_all()
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until what was written so far is delivered (False on timeout or an outage)."""
         if self._closed:

@@ -68,6 +68,27 @@ class Runtime:
         self.tracer = self.provider.get_tracer(SCOPE_NAME)
         self.sampler = TrajectorySampler(config.max_samples_per_step_per_worker,
                                          config.experiment_name)
+        self._open_lock = threading.Lock()
+        self._open_trajectories = 0
+
+    def trajectory_started(self) -> None:
+        with self._open_lock:
+            self._open_trajectories += 1
+
+    def trajectory_ended(self) -> None:
+        """When the last recorded trajectory in flight here ends (a step's rollouts are done),
+        export and deliver now rather than after the schedule delay: Ray ends workers at a run's
+        end without running exit hooks, and the last step's spans would wait in the log."""
+        with self._open_lock:
+            self._open_trajectories = max(0, self._open_trajectories - 1)
+            if self._open_trajectories:
+                return
+        nudge = getattr(self.processor, "nudge", None)
+        if nudge is not None:
+            try:
+                nudge()
+            except Exception as exc:  # noqa: BLE001
+                _errors.internal_error(exc, "processor.nudge raised")
 
     def payload(self, value: Any, max_bytes: int | None = None) -> Payload:
         return to_payload(value, max_bytes=max_bytes or self.config.max_field_bytes,

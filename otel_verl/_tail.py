@@ -571,6 +571,12 @@ class TailSamplingProcessor(SpanProcessor):
         for key in list(self._steps):
             self._report(key, out)
 
+    def nudge(self) -> None:
+        """Pass the export processor's ``nudge`` on (undecided trajectories stay buffered)."""
+        nudge = getattr(self.next, "nudge", None)
+        if nudge is not None:
+            nudge()
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         out: list[ReadableSpan] = []
         try:

@@ -119,6 +119,7 @@ def rollout_trace_attr(
                     **sampling_attributes(runtime.sampler, attrs.get(semconv.ROLLOUT_SAMPLE_INDEX),
                                           provisional)})
     token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional))
+    runtime.trajectory_started()
     previous_context = otel_context.get_current()
     outcome: dict[str, Any] = {}
     outcome_token = _OUTCOME.set(outcome)
@@ -138,6 +139,7 @@ def rollout_trace_attr(
         if outcome:
             set_payload(span, output=outcome)
         span.end()
+        runtime.trajectory_ended()
 
 
 def _restore(token: Any, previous: Trajectory | None) -> bool:

@@ -309,3 +309,44 @@ def test_the_log_line_is_the_store_line_of_one_span():
     tracer.start_span("b").end()
     for span in memory.get_finished_spans():
         assert _otlp_json.encode_span_line(span) == _otlp_json.encode_line((span,))
+
+
+def test_nudge_delivers_now_instead_of_after_the_delays(tmp_path):
+    """The end of a step's rollouts: the processor and the log both skip their wait."""
+    inner = Switchable()
+    durable = DurableSpanExporter(inner, tmp_path, export_delay_s=60.0)
+    processor = BoundedBatchProcessor(durable, schedule_delay_s=60.0)
+    tracer = TracerProvider()
+    tracer.add_span_processor(processor)
+    ids = record(tracer.get_tracer("t"), 5)
+    time.sleep(0.3)
+    assert not inner.requests and durable.stats()["spooled"] == 0  # both wait their delays
+    processor.nudge()
+    assert wait_for(lambda: inner.ids() >= ids, timeout_s=5.0)
+    assert len(inner.requests) == 1
+    # nudges in a burst are merged: at most one export per MIN_NUDGE_INTERVAL_S
+    for _ in range(50):
+        record(tracer.get_tracer("t"), 1)
+        processor.nudge()
+    assert wait_for(lambda: len(inner.ids()) == 55, timeout_s=5.0)
+    assert len(inner.requests) <= 4, len(inner.requests)
+    processor.shutdown()
+
+
+def test_nudge_respects_the_backoff_of_a_failing_backend(tmp_path):
+    inner = Switchable(up=False)
+    durable = DurableSpanExporter(inner, tmp_path, export_delay_s=60.0, retry_initial_s=0.5,
+                                  retry_max_s=0.5)
+    processor = BoundedBatchProcessor(durable, schedule_delay_s=60.0)
+    tracer = TracerProvider()
+    tracer.add_span_processor(processor)
+    ids = record(tracer.get_tracer("t"), 3)
+    processor.nudge()
+    assert wait_for(lambda: durable.stats()["retries"] >= 1, timeout_s=5.0)
+    for _ in range(20):  # nudging a backend that is down does not turn into a retry storm
+        durable.nudge()
+        time.sleep(0.05)
+    assert durable.stats()["retries"] <= 4, durable.stats()
+    inner.up = True
+    assert wait_for(lambda: inner.ids() >= ids, timeout_s=5.0)
+    processor.shutdown()

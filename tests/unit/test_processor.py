@@ -261,3 +261,41 @@ def test_span_ids_stay_unique_when_every_worker_seeds_random():
         ids.append(parent.recv())
         proc.join(10)
     assert len(set(ids)) == 4
+
+
+def test_the_last_trajectory_in_flight_ending_exports_at_once(tmp_path):
+    """A step's rollouts are done when no trajectory is in flight: what they recorded is
+    exported then (a Ray worker may be ended right after, without exit hooks), not after the
+    schedule delay; while any trajectory runs, the schedule applies."""
+    import asyncio
+
+    from otel_verl import rollout_trace_attr
+
+    memory = InMemorySpanExporter()
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init("p", "e", "console", exporter=memory, durable=False,
+                            schedule_delay_s=60.0)
+    try:
+        async def trajectory(i: int, hold: asyncio.Event | None) -> None:
+            with rollout_trace_attr(sample_index=i, step=1, rollout_n=0):
+                if hold is not None:
+                    await hold.wait()
+
+        async def main() -> None:
+            hold = asyncio.Event()
+            slow = asyncio.create_task(trajectory(1, hold))
+            await asyncio.sleep(0)  # the slow one starts first
+            await trajectory(0, None)  # ends while the other one is in flight
+            await asyncio.sleep(0.5)
+            assert memory.get_finished_spans() == ()  # the 60 s schedule applies
+            hold.set()
+            await slow  # the last one in flight: both are exported now
+
+        asyncio.run(main())
+        deadline = time.monotonic() + 5
+        while len(memory.get_finished_spans()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(s.attributes["rollout.sample_index"]
+                      for s in memory.get_finished_spans()) == [0, 1]
+    finally:
+        RolloutTraceConfig.reset()
