@@ -74,6 +74,12 @@ def test_tool_agent_loop_to_local_store(tiny_model, tmp_path):
         assert attrs[semconv.ROLLOUT_EXPERIMENT_NAME] == "exp_it"
         assert attrs[semconv.ROLLOUT_REWARD] == 1.0  # verl's reward, on the trajectory
         assert attrs[semconv.ROLLOUT_NUM_TURNS] == 4
+        # the root shows what went in and came out (Phoenix/Jaeger list rows, `traces list`)
+        assert json.loads(attrs[semconv.INPUT_VALUE])[-1]["content"].startswith("What is 3+4?")
+        outcome = json.loads(attrs[semconv.OUTPUT_VALUE])
+        assert outcome["reward"] == 1.0 and outcome["num_turns"] == 4, outcome
+        assert 0 < outcome["generated_tokens"] < outcome["response_length"], outcome
+        assert "response" not in outcome  # token2text is off here
         keys.add((attrs[semconv.ROLLOUT_SAMPLE_INDEX], attrs[semconv.ROLLOUT_ROLLOUT_N]))
         by_name: dict = {}
         for s in members:
@@ -119,12 +125,17 @@ def test_token2text_key(tiny_model, tmp_path, token2text):
     output = json.loads(run["attributes"][semconv.OUTPUT_VALUE])
     gens = [json.loads(s["attributes"][semconv.OUTPUT_VALUE]) for s in spans
             if s["name"] == "LLMServerClient.generate"]
+    root = next(s for s in spans if s["name"] == "agent_loop")
+    outcome = json.loads(root["attributes"][semconv.OUTPUT_VALUE])
     if token2text:
         assert h.ANSWER in output["response_text"] and "What is 3+4?" in output["prompt_text"]
+        # the trajectory's answer: the whole multi-turn response, tool result included
+        assert h.ANSWER in outcome["response"] and "7" in outcome["response"], outcome
         assert {g["response_text"].replace("<|im_end|>", "") for g in gens} == \
             {h.TOOL_CALL, h.ANSWER}
     else:
         assert "response_text" not in output and all("response_text" not in g for g in gens)
+        assert "response" not in outcome
     assert "response_ids" in output  # the real output is still there
 
 

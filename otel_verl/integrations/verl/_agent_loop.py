@@ -68,19 +68,48 @@ def is_selected(sample_index: Any) -> bool:
 # --- *AgentLoop.run ------------------------------------------------------------------------------
 
 
+#: the tokenizer of the ``*AgentLoop`` whose ``run`` is in progress (set by ``run_before`` in the
+#: trajectory's task, read by ``run_after`` in the same task)
+_RUN_TOKENIZER: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "otel_verl_verl_run_tokenizer", default=None)
+
+
 def run_before(owner: Any, kwargs: dict[str, Any]) -> None:
-    """Inside verl's ``*AgentLoop.run`` op span: the GenAI agent attributes."""
+    """Inside verl's ``*AgentLoop.run`` op span: the GenAI agent attributes, and the prompt as the
+    trajectory's input (what Phoenix, Jaeger and ``traces list`` show on the root)."""
     span = current_span()
     if span is not None:
         span.set_attributes({semconv.GEN_AI_OPERATION_NAME: GenAIOperation.INVOKE_AGENT,
                              semconv.GEN_AI_AGENT_NAME: type(owner).__name__})
+    prompt = kwargs.get("raw_prompt")
+    if prompt is not None:
+        # verl hands the chat messages over as a numpy object array or a list
+        otel_verl.set_trajectory_input(prompt if isinstance(prompt, (str, dict))
+                                       else list(prompt))
+    _RUN_TOKENIZER.set(getattr(owner, "tokenizer", None))
 
 
 def run_after(result: Any) -> None:
-    """After ``*AgentLoop.run``: the number of turns on the trajectory span."""
+    """After ``*AgentLoop.run``: the number of turns on the trajectory span, and its outcome (the
+    response as text with ``token2text``, its length and turns) as the trajectory's output."""
     turns = getattr(result, "num_turns", None)
+    outcome: dict[str, Any] = {}
     if isinstance(turns, int):
         otel_verl.set_trajectory_attribute(semconv.ROLLOUT_NUM_TURNS, turns)
+        outcome["num_turns"] = turns
+    ids = getattr(result, "response_ids", None)
+    if isinstance(ids, list):
+        outcome["response_length"] = len(ids)
+        mask = getattr(result, "response_mask", None)
+        if isinstance(mask, list) and len(mask) == len(ids):
+            outcome["generated_tokens"] = sum(1 for m in mask if m)
+        tokenizer = _RUN_TOKENIZER.get()
+        if tokenizer is not None and otel_verl.RolloutTraceConfig.enable_token2text():
+            # the whole multi-turn response (model turns and tool results), decoded once per
+            # traced trajectory; the payload cap applies to it like to any captured value
+            outcome["response"] = tokenizer.decode(ids, skip_special_tokens=False)
+    if outcome:
+        otel_verl.set_trajectory_output(**outcome)
 
 
 # --- AgentLoopWorker -----------------------------------------------------------------------------
