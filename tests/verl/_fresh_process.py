@@ -37,6 +37,11 @@ if flush is not None:
     flush()
 result = {"routed": routed, "otel_verl_loaded": loaded_with_verl,
           "backend": RolloutTraceConfig.get_backend()}
+if args.get("report_wandb_run_id"):
+    import os
+
+    result["wandb_run_id"] = os.environ.get("WANDB_RUN_ID")
+    result["driver_wandb_run_id"] = args.get("driver_wandb_run_id")
 if args.get("late_install"):
     from otel_verl.integrations.verl import uninstall
 

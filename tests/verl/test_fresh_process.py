@@ -79,17 +79,25 @@ def test_opentelemetry_instrument_launcher_and_its_child_processes(tiny_model, t
     launcher = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
     if launcher is None:
         pytest.fail("opentelemetry-instrument missing: install requirements/verl.txt")
-    args = {"model": str(tiny_model), "tmp": str(tmp_path), "trace": {"backend": "file"}}
+    args = {"model": str(tiny_model), "tmp": str(tmp_path), "trace": {"backend": "file"},
+            "report_wandb_run_id": True}
     # the launcher runs our instrumentor (entry point "verl"); the script then starts a CHILD
-    # python that imports verl on its own, like a Ray worker spawned by the driver
-    child = (f"import json, subprocess, sys; "
-             f"out = subprocess.run([sys.executable, {str(SCRIPT)!r}, {json.dumps(args)!r}], "
+    # python that imports verl on its own, like a Ray worker spawned by the driver. The driver
+    # prints the W&B run id it fixed before starting the child (wandb is installed here).
+    child = (f"import json, os, subprocess, sys; "
+             f"a = json.loads({json.dumps(args)!r}); "
+             f"a['driver_wandb_run_id'] = os.environ.get('WANDB_RUN_ID'); "
+             f"out = subprocess.run([sys.executable, {str(SCRIPT)!r}, json.dumps(a)], "
              f"capture_output=True, text=True); print(out.stdout); print(out.stderr[-3000:], "
              f"file=sys.stderr); sys.exit(out.returncode)")
     env = _env(tmp_path, {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
                           "OTEL_LOGS_EXPORTER": "none"})
+    env.pop("WANDB_RUN_ID", None)
     result = _run([launcher, sys.executable, "-c", child], env, tmp_path)
+    run_id, driver_run_id = result.pop("wandb_run_id"), result.pop("driver_wandb_run_id")
     assert result == {"routed": True, "otel_verl_loaded": True, "backend": "file"}
+    # the driver fixed one run id; the worker inherited it instead of inventing its own
+    assert isinstance(run_id, str) and len(run_id) == 8 and run_id == driver_run_id, result
     _check_spans(tmp_path)
 
 
@@ -122,3 +130,26 @@ def test_ray_worker_process_setup_hook_installs_it_without_the_driver(tiny_model
                   _env(tmp_path, {}), tmp_path)
     assert result["driver_has_otel_verl"] is False
     assert result["probe"]["routed"] is True and result["probe"]["pid"] != result["driver_pid"]
+
+
+def test_the_instrumentor_fixes_the_wandb_run_only_in_the_driver(monkeypatch):
+    """Workers inherit the driver's WANDB_RUN_ID; a worker inventing its own would unlink its
+    Weave calls from the run verl starts later."""
+    from otel_verl.integrations import verl as integration
+
+    calls = []
+    monkeypatch.setattr("otel_verl._config.preset_wandb_run_id", lambda: calls.append(1))
+    monkeypatch.setattr(integration, "install", lambda propagate=True: None)
+    monkeypatch.delenv("OTEL_VERL_CONFIG", raising=False)
+    monkeypatch.setenv("PYTHONPATH", BOOTSTRAP_DIR)  # a process the integration started
+    assert not integration.is_driver_process()
+    integration.VerlInstrumentor()._instrument()
+    assert calls == []
+    monkeypatch.setenv("PYTHONPATH", str(HERE))  # the process a user started
+    assert integration.is_driver_process()
+    integration.VerlInstrumentor()._instrument(link_wandb_run=False)
+    assert calls == []
+    integration.VerlInstrumentor()._instrument()
+    assert calls == [1]
+    monkeypatch.setenv("OTEL_VERL_CONFIG", "{}")  # export_env()'s variable: a worker
+    assert not integration.is_driver_process()

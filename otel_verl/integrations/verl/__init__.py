@@ -36,8 +36,8 @@ from typing import Any
 
 from otel_verl.integrations.verl import _agent_loop, _common, _facade, _importhook, _tools, _vllm
 
-__all__ = ["SUPPORTED_VERL", "VerlInstrumentor", "install", "instrumentation_env", "is_installed",
-           "uninstall"]
+__all__ = ["SUPPORTED_VERL", "VerlInstrumentor", "install", "instrumentation_env",
+           "is_driver_process", "is_installed", "uninstall"]
 
 _log = logging.getLogger("otel_verl")
 
@@ -107,6 +107,29 @@ def uninstall() -> None:
         os.environ.pop("PYTHONPATH", None)
 
 
+def is_driver_process(environ: Mapping[str, str] | None = None) -> bool:
+    """True in the process a user started (verl's driver), False in one this integration's
+    environment started (a Ray worker, an engine server: ``instrumentation_env`` reached it)."""
+    environ = os.environ if environ is None else environ
+    from otel_verl._config import has_worker_config
+
+    paths = {os.path.abspath(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    return BOOTSTRAP_DIR not in paths and not has_worker_config(environ)
+
+
+def _link_wandb_run() -> None:
+    """In verl's driver, before Ray starts: fix the W&B run id (``WANDB_RUN_ID``) that every
+    worker's Weave calls carry and that verl's ``wandb.init`` (in its TaskRunner actor, started
+    later) then uses, so the traces link to the training run. Never raises."""
+    try:
+        from otel_verl._config import preset_wandb_run_id
+
+        preset_wandb_run_id()
+    except Exception as exc:  # pragma: no cover - never break the launch
+        _log.warning("otel_verl: W&B run id not preset (%r): Weave calls are not linked to the "
+                     "run", exc)
+
+
 def is_installed() -> bool:
     """True while the integration is installed in this process."""
     return _common.is_installed()
@@ -150,7 +173,9 @@ except ImportError:  # pragma: no cover - a small stand-in with the same public 
 class VerlInstrumentor(_Base):  # type: ignore[misc,valid-type,unused-ignore]
     """OpenTelemetry instrumentor for verl (``opentelemetry-instrument`` loads it by entry point).
 
-    ``VerlInstrumentor().instrument(propagate=True)`` is ``install()``;
+    ``VerlInstrumentor().instrument(propagate=True)`` is ``install()``, plus, in verl's driver (not
+    in the processes it starts), ``WANDB_RUN_ID`` fixed up front (``link_wandb_run=False`` skips
+    it; nothing happens without wandb installed) so Weave calls link to the training's W&B run;
     ``uninstrument()`` is ``uninstall()``. Skipped by the launcher when no supported verl is
     installed (``instrumentation_dependencies``).
     """
@@ -159,7 +184,10 @@ class VerlInstrumentor(_Base):  # type: ignore[misc,valid-type,unused-ignore]
         return (SUPPORTED_VERL,)
 
     def _instrument(self, **kwargs: Any) -> None:
+        driver = is_driver_process()
         install(propagate=bool(kwargs.get("propagate", True)))
+        if driver and kwargs.get("link_wandb_run", True):
+            _link_wandb_run()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         uninstall()
