@@ -74,7 +74,8 @@ class Run:
 
 
 def overrides(model: Path, data: tuple[Path, Path], tools: Path, *, use_v1: bool,
-              backend: str, engine_traces_url: str | None) -> list[str]:
+              backend: str, engine_traces_url: str | None,
+              loggers: tuple[str, ...] = ("console",)) -> list[str]:
     train, val = data
     out = [
         "algorithm.adv_estimator=grpo",
@@ -96,7 +97,7 @@ def overrides(model: Path, data: tuple[Path, Path], tools: Path, *, use_v1: bool
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"reward.custom_reward_function.path={SHIMS / 'e2e_reward.py'}",
         "reward.custom_reward_function.name=compute_score", "reward.num_workers=1",
-        "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.logger=[console]",
+        "trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.logger=[{','.join(loggers)}]",
         f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=False",
         "trainer.save_freq=-1", "trainer.test_freq=-1",
         f"trainer.project_name={PROJECT}", f"trainer.experiment_name={EXPERIMENT}",
@@ -144,8 +145,11 @@ def run_env(trace_dir: Path, extra: dict[str, str] | None = None) -> dict[str, s
         "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
         "OTEL_LOGS_EXPORTER": "none",
         "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "",
-        # vLLM's own spans go to an OTLP/HTTP receiver
+        # vLLM's own spans go to an OTLP/HTTP receiver, from an SDK batch processor that waits
+        # 5 s by default: Ray ends the server actor right after the last step (no exit hooks),
+        # so the last requests' spans would be lost (docs/verl.md)
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "500",
     })
     env.update(extra or {})
     return env
@@ -177,14 +181,14 @@ def run_main_ppo(workdir: Path, model: Path, **kwargs: Any) -> Run:
 def _run_once(workdir: Path, model: Path, *, use_v1: bool, backend: str = "file",
                  engine_traces_url: str | None = None, env: dict[str, str] | None = None,
                  trace_dir: Path | None = None, timeout_s: float = 900,
-                 stream: bool = False) -> Run:
+                 stream: bool = False, loggers: tuple[str, ...] = ("console",)) -> Run:
     """One traced 2-step GRPO run; its log goes to ``workdir/main_ppo.log`` (or also stdout)."""
     workdir.mkdir(parents=True, exist_ok=True)
     trace_dir = trace_dir or workdir / "traces"
     data = write_dataset(workdir / "data")
     tools = write_tool_config(workdir)
     args = overrides(model, data, tools, use_v1=use_v1, backend=backend,
-                     engine_traces_url=engine_traces_url)
+                     engine_traces_url=engine_traces_url, loggers=loggers)
     cmd = [*launcher(), sys.executable, "-m", "verl.trainer.main_ppo", *args]
     log = workdir / "main_ppo.log"
     start = time.monotonic()

@@ -91,9 +91,12 @@ def _spans(run: Run) -> list[dict[str, Any]]:
 
 
 def _metrics(run: Run, name: str) -> list[float]:
-    """verl's console metrics (``name:value`` per step)."""
+    """verl's console metrics (``name:value`` per step; the legacy trainer prints some values as
+    ``np.float64(value)``)."""
     text = run.log.read_text(errors="replace")
-    return [float(v) for v in re.findall(re.escape(name) + r":\s*(-?[\d.]+(?:e[-+]?\d+)?)", text)]
+    number = r"(-?[\d.]+(?:e[-+]?\d+)?)"
+    pattern = re.escape(name) + r":\s*(?:np\.float\d+\()?" + number
+    return [float(v) for v in re.findall(pattern, text)]
 
 
 def _assert_rollout_traces(run: Run) -> dict[int, set[Any]]:
@@ -157,11 +160,20 @@ def test_weave_backend_on_the_v1_trainer(tool_model: Path,
     api_key = "k" * 40
     with contextlib.ExitStack() as stack:
         shim = stack.enter_context(WeaveShim(make_server(str(workdir / "weave.sqlite")), api_key))
+        # verl also logs to W&B (offline): its run and the workers' Weave calls must be linked
         run = run_main_ppo(workdir, tool_model, use_v1=True, backend="weave",
+                           loggers=("console", "wandb"),
                            env={"WANDB_API_KEY": api_key, "OTEL_VERL_WEAVE_BASE_URL": shim.url,
-                                "OTEL_VERL_WEAVE_ENTITY": "ent"})
+                                "OTEL_VERL_WEAVE_ENTITY": "ent", "WANDB_MODE": "offline",
+                                "WANDB_DIR": str(workdir)})
         _check(run)
         calls = shim.calls(f"ent/{PROJECT}")
+    # run linkage: the driver fixed the run id before Ray started; verl's wandb.init (in its
+    # TaskRunner actor) used it, and every worker's call carries it
+    wandb_runs = sorted(p.name.rsplit("-", 1)[-1] for p in workdir.glob("wandb/offline-run-*"))
+    assert len(wandb_runs) == 1, (wandb_runs, run.tail())
+    assert {c.wb_run_id for c in calls} == {f"ent/{PROJECT}/{wandb_runs[0]}"}, \
+        {c.wb_run_id for c in calls}
     names = Counter(c.op_name for c in calls)
     assert VERL_OPS <= names.keys(), names
     # verl's weave attribute names, so verl users' filters keep working
