@@ -12,6 +12,8 @@ Usage::
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import Final
 
 # --- trajectory identity: on every span inside a trajectory -------------------------------------
@@ -174,3 +176,35 @@ class SamplingReason:
 SAMPLING_REASONS: Final = (SamplingReason.HEAD, SamplingReason.ALL, SamplingReason.ERROR,
                            SamplingReason.TRUNCATED, SamplingReason.REWARD_OUTLIER,
                            SamplingReason.GROUP, SamplingReason.OVERFLOW)
+
+
+#: sampling-parameter keys -> GenAI request attributes, and the kind of number each takes
+_GENAI_REQUEST_PARAMS: tuple[tuple[tuple[str, ...], str, bool], ...] = (
+    (("temperature",), GEN_AI_REQUEST_TEMPERATURE, False),
+    (("top_p",), GEN_AI_REQUEST_TOP_P, False),
+    (("top_k",), GEN_AI_REQUEST_TOP_K, True),
+    (("max_tokens", "max_new_tokens"), GEN_AI_REQUEST_MAX_TOKENS, True),
+)
+
+
+def genai_request_attributes(sampling_params: object) -> dict[str, int | float]:
+    """The ``gen_ai.request.*`` attributes of an engine request's sampling parameters (vLLM's
+    ``max_tokens`` or SGLang's ``max_new_tokens``), as plain ints and floats (numpy scalars
+    included). Anything else (``None``, strings, bools, a float where an integer belongs) is left
+    out rather than cast, so a span's start never fails on a caller's odd parameters."""
+    if not isinstance(sampling_params, Mapping):
+        return {}
+    attrs: dict[str, int | float] = {}
+    for keys, attr, integral in _GENAI_REQUEST_PARAMS:
+        for key in keys:
+            value = sampling_params.get(key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                continue
+            if integral:
+                if isinstance(value, numbers.Integral):
+                    attrs[attr] = int(value)
+                    break
+            else:
+                attrs[attr] = float(value)
+                break
+    return attrs

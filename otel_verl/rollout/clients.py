@@ -184,13 +184,6 @@ def _max_tokens(sp: Mapping[str, Any]) -> int | None:
     return None if value is None else int(value)
 
 
-_REQUEST_ATTRS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE, float),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P, float),
-    ("top_k", semconv.GEN_AI_REQUEST_TOP_K, int),
-)
-
-
 class AsyncLLMClient:
     """Base: connection pool, the GenAI span around each request, the trace headers.
 
@@ -267,12 +260,7 @@ class AsyncLLMClient:
                 semconv.GEN_AI_REQUEST_MODEL: self.model,
                 semconv.OPENINFERENCE_SPAN_KIND: SpanKindName.LLM,
             }
-            for key, attr, cast in _REQUEST_ATTRS:
-                if sp.get(key) is not None:
-                    attrs[attr] = cast(sp[key])
-            max_tokens = _max_tokens(sp)
-            if max_tokens is not None:
-                attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+            attrs.update(semconv.genai_request_attributes(sp))
             if conversation_id:
                 attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
             if messages is None:

@@ -30,10 +30,6 @@ VLLM_ASYNC_LLM_MODULE = "vllm.v1.engine.async_llm"
 #: ``LLMServerClient.generate`` (agent-loop worker) to vLLM's ``AsyncLLM.generate`` (server actor)
 VLLM_EXTRA_ARGS_KEY = "otel_verl_trace_headers"
 
-_REQUEST_ATTRS = (("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
-                  ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-                  ("top_k", semconv.GEN_AI_REQUEST_TOP_K),
-                  ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS))
 
 
 def _rollout_engine(owner: Any) -> str | None:
@@ -68,12 +64,8 @@ def generate_before(owner: Any, kwargs: dict[str, Any]) -> None:
     if span is None:
         return
     _carry_context_to_vllm(owner, kwargs)
-    params = kwargs.get("sampling_params") or {}
-    attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: GenAIOperation.TEXT_COMPLETION}
-    for key, attr in _REQUEST_ATTRS:
-        value = params.get(key) if isinstance(params, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            attrs[attr] = value
+    attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: GenAIOperation.TEXT_COMPLETION,
+                             **semconv.genai_request_attributes(kwargs.get("sampling_params"))}
     prompt_ids = kwargs.get("prompt_ids")
     if prompt_ids is not None and hasattr(prompt_ids, "__len__"):
         attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = len(prompt_ids)
