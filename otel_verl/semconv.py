@@ -198,7 +198,11 @@ def genai_request_attributes(sampling_params: object) -> dict[str, int | float]:
     for keys, attr, integral in _GENAI_REQUEST_PARAMS:
         for key in keys:
             value = sampling_params.get(key)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            kind = type(value)
+            if kind is float and not integral or kind is int and integral:  # the usual case
+                attrs[attr] = value
+                break
+            if kind is bool or not isinstance(value, numbers.Real):  # (ABC checks are slow)
                 continue
             if integral:
                 if isinstance(value, numbers.Integral):
