@@ -820,6 +820,17 @@ class DurableSpanExporter(SpanExporter):
         counts["spool_held_bytes"] = self._overflow_bytes
         stream = self._stream
         counts["spool_bytes"] = stream.size() if stream is not None else 0
+        # the backend exporter's own counters (e.g. the Weave exporter's calls), under "backend."
+        inner_stats = getattr(self.inner, "stats", None)
+        if callable(inner_stats):
+            try:
+                inner = inner_stats()
+            except Exception as exc:  # noqa: BLE001  # a broken stats() costs only its keys
+                _errors.internal_error(exc, "exporter.stats raised")
+            else:
+                if isinstance(inner, dict):
+                    counts.update({f"backend.{key}": value for key, value in inner.items()
+                                   if isinstance(value, (int, float))})
         return counts
 
     def _count(self, **deltas: int) -> None:

@@ -59,6 +59,9 @@ key                        meaning
 ``spool_bytes``            *gauge*: bytes of this process's log on disk
 ``spool_held_bytes``       *gauge*: bytes held in memory because the log cannot be written
                            (a full disk) while the backend does not answer
+``backend.<key>``          the wrapped exporter's own ``stats()`` (e.g. the Weave exporter's),
+                           reported by the durable log; not counted as losses here (the log
+                           keeps and retries what the backend refused)
 ========================== ==================================================================
 """
 

@@ -350,3 +350,25 @@ def test_nudge_respects_the_backoff_of_a_failing_backend(tmp_path):
     inner.up = True
     assert wait_for(lambda: inner.ids() >= ids, timeout_s=5.0)
     processor.shutdown()
+
+
+def test_stats_include_the_backend_exporters_own_counters(tmp_path):
+    class Counting(Switchable):
+        def stats(self):
+            return {"calls_sent": len(self.requests), "note": "not a number"}
+
+    class Broken(Switchable):
+        def stats(self):
+            raise RuntimeError("boom")
+
+    inner = Counting()
+    tracer, processor, durable = pipeline(inner, tmp_path / "a")
+    record(tracer, 3)
+    assert processor.force_flush(10000)
+    stats = durable.stats()
+    assert stats["backend.calls_sent"] == len(inner.requests) >= 1
+    assert "backend.note" not in stats and stats["delivered"] == 3
+    processor.shutdown()
+    tracer, processor, durable = pipeline(Broken(), tmp_path / "b")
+    assert durable.stats()["spooled"] == 0  # a broken stats() of the backend costs only its keys
+    processor.shutdown()
