@@ -50,6 +50,8 @@ def main() -> int:
     for t in sorted(trajectories, key=lambda t: (t.step, t.sample_index, t.rollout_n)):
         print(f"  step {t.step} sample {t.sample_index} rollout {t.rollout_n}: "
               f"reward {t.reward:.3f}, {t.num_turns} turns, trace {t.trace_id}")
+        question, response = _io(t.root)
+        print(f"    in:  {question}\n    out: {response}")
     print("  spans: " + ", ".join(f"{name} x{n}" for name, n in spans.most_common()))
     first = trajectories[0].trace_id if trajectories else "<trace id>"
     where = f"--dir {trace_dir}" if "OTEL_VERL_TRACE_DIR" not in os.environ else ""
@@ -61,6 +63,24 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "otel_verl.cli", "traces", "list", "--dir",
                     str(trace_dir)], check=False)
     return 0
+
+
+def _io(root: dict) -> tuple[str, str]:
+    """The trajectory's question and response, one line each (the root's input/output)."""
+    import json
+
+    attrs = root["attributes"]
+    try:
+        messages = json.loads(attrs.get("input.value") or "[]")
+        question = str(messages[-1]["content"]) if messages else ""
+    except (ValueError, TypeError, KeyError, IndexError):
+        question = str(attrs.get("input.value") or "")
+    try:
+        outcome = json.loads(attrs.get("output.value") or "{}")
+        response = str(outcome.get("response", "")) if isinstance(outcome, dict) else ""
+    except ValueError:
+        response = ""
+    return (" ".join(question.split())[:100], " ".join(response.split())[:160])
 
 
 if __name__ == "__main__":
