@@ -209,6 +209,47 @@ def test_killed_process_loses_at_most_its_last_schedule_delay(how, backend_state
             assert window <= 1.0 + SCHEDULING_SLACK_S, f"lost {window:.2f} s of spans"
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_worker_killed_right_after_its_last_trajectory_loses_nothing(protocol, tmp_path, figure):
+    """What Ray does to a verl worker at the end of a run (found by tests/verl_e2e): SIGKILL
+    1.5 s after the step's last trajectory ended, with 5 s export delays. The end of the step
+    (no trajectory in flight) sends at once, so everything has arrived; no later process needed."""
+    with FaultyReceiver(protocol) as receiver:
+        progress = tmp_path / "progress"
+        child = subprocess.Popen(
+            [sys.executable, str(HERE / "_traced_child.py"), "step", str(tmp_path / "traces"),
+             receiver.endpoint, PROTOCOLS[protocol], str(progress), "1.5"],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert child.wait(60) == -signal.SIGKILL
+        lines = progress.read_text().splitlines()
+        assert lines[-1].startswith("done"), lines[-3:]
+        recorded = _recorded(progress)
+        recorded.pop("done", None)
+        assert len(recorded) == 16 * 4
+        wait_for(lambda: receiver.ids() >= set(recorded), 2)  # requests already sent
+        lost = set(recorded) - receiver.ids()
+        figure(fault=f"SIGKILL 1.5 s after the step's last trajectory, {protocol}, 5 s delays",
+               recorded=len(recorded), received=len(set(recorded) & receiver.ids()),
+               lost=len(lost), allowed=0, duplicates=receiver.duplicates(),
+               note="delivered by the process itself before it was killed")
+        assert not lost, f"{len(lost)} of {len(recorded)} spans lost"
+        # nothing was left for a next process to deliver
+        assert not [p for p in (tmp_path / "traces").rglob("wal-*.jsonl") if p.stat().st_size
+                    and _pending_lines(p)], "spans left in the durable log"
+
+
+def _pending_lines(segment: Path) -> int:
+    """Lines of a log segment past its stream's cursor ("<segment> <offset>")."""
+    stream = segment.name.rsplit("-", 1)[0]
+    cursor = segment.with_name(stream + ".cursor")
+    seq = int(segment.stem.rsplit("-", 1)[1])
+    at_seq, offset = (int(x) for x in cursor.read_text().split()) if cursor.exists() else (0, 0)
+    if seq < at_seq:
+        return 0
+    data = segment.read_bytes()[offset if seq == at_seq else 0:]
+    return data.count(b"\n")
+
+
 # --- a full disk ---------------------------------------------------------------------------------
 
 
