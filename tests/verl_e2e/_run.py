@@ -75,7 +75,7 @@ class Run:
 
 def overrides(model: Path, data: tuple[Path, Path], tools: Path, *, use_v1: bool,
               backend: str, engine_traces_url: str | None,
-              loggers: tuple[str, ...] = ("console",)) -> list[str]:
+              loggers: tuple[str, ...] = ("console",), validate: bool = False) -> list[str]:
     train, val = data
     out = [
         "algorithm.adv_estimator=grpo",
@@ -98,7 +98,7 @@ def overrides(model: Path, data: tuple[Path, Path], tools: Path, *, use_v1: bool
         f"reward.custom_reward_function.path={SHIMS / 'e2e_reward.py'}",
         "reward.custom_reward_function.name=compute_score", "reward.num_workers=1",
         "trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.logger=[{','.join(loggers)}]",
-        f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=False",
+        f"trainer.total_training_steps={STEPS}", f"trainer.val_before_train={validate}",
         "trainer.save_freq=-1", "trainer.test_freq=-1",
         f"trainer.project_name={PROJECT}", f"trainer.experiment_name={EXPERIMENT}",
         f"trainer.use_v1={use_v1}",
@@ -181,14 +181,15 @@ def run_main_ppo(workdir: Path, model: Path, **kwargs: Any) -> Run:
 def _run_once(workdir: Path, model: Path, *, use_v1: bool, backend: str = "file",
                  engine_traces_url: str | None = None, env: dict[str, str] | None = None,
                  trace_dir: Path | None = None, timeout_s: float = 900,
-                 stream: bool = False, loggers: tuple[str, ...] = ("console",)) -> Run:
+                 stream: bool = False, loggers: tuple[str, ...] = ("console",),
+                 validate: bool = False) -> Run:
     """One traced 2-step GRPO run; its log goes to ``workdir/main_ppo.log`` (or also stdout)."""
     workdir.mkdir(parents=True, exist_ok=True)
     trace_dir = trace_dir or workdir / "traces"
     data = write_dataset(workdir / "data")
     tools = write_tool_config(workdir)
     args = overrides(model, data, tools, use_v1=use_v1, backend=backend,
-                     engine_traces_url=engine_traces_url, loggers=loggers)
+                     engine_traces_url=engine_traces_url, loggers=loggers, validate=validate)
     cmd = [*launcher(), sys.executable, "-m", "verl.trainer.main_ppo", *args]
     log = workdir / "main_ppo.log"
     start = time.monotonic()

@@ -3,8 +3,9 @@
 Runs (each a full ``python -m verl.trainer.main_ppo``, minutes on 2 cores), combined to keep the
 tier inside CI's budget:
 
-- **v1** (verl 0.9's default trainer, ``trainer.use_v1=True``), ``trace.backend=file``; vLLM's own
-  spans go to an OTLP receiver that appends the joined ones to the same local store.
+- **v1** (verl 0.9's default trainer, ``trainer.use_v1=True``), ``trace.backend=file``, with a
+  validation pass before training; vLLM's own spans go to an OTLP receiver that appends the
+  joined ones to the same local store.
 - **legacy** (``trainer.use_v1=False``), ``trace.backend=otlp`` through a real rotel collector,
   which also takes vLLM's spans and forwards everything to a receiver writing the local store
   (the "file copy" the assertions read).
@@ -58,8 +59,10 @@ def v1_run(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     workdir = tmp_path_factory.mktemp("v1")
     trace_dir = workdir / "traces"
     with OTLPReceiver(store_dir=trace_dir, span_filter=joined_spans_only) as engine:
+        # with a validation pass before training (verl's val_before_train): traced as validate
         run = run_main_ppo(workdir, tool_model, use_v1=True, backend="file",
-                           engine_traces_url=engine.traces_url, trace_dir=trace_dir)
+                           engine_traces_url=engine.traces_url, trace_dir=trace_dir,
+                           validate=True)
     _check(run)
     return run
 
@@ -108,7 +111,8 @@ def _assert_rollout_traces(run: Run) -> dict[int, set[Any]]:
         attrs = span["attributes"]
         assert {STEP, INDEX, RN, EXP} <= attrs.keys(), (span["name"], attrs)
         assert attrs[EXP] == EXPERIMENT
-    trajectories = [t for t in group_trajectories(spans) if t.root is not None]
+    trajectories = [t for t in group_trajectories(spans)
+                    if t.root is not None and t.validate is False]
     by_step: dict[int, list[Any]] = defaultdict(list)
     for t in trajectories:
         by_step[t.step].append(t)
@@ -144,6 +148,13 @@ def _assert_rollout_traces(run: Run) -> dict[int, set[Any]]:
 def test_v1_trainer_is_traced(v1_run: Run) -> None:
     chosen = _assert_rollout_traces(v1_run)
     assert all(len(v) == 1 for v in chosen.values())
+    # the validation pass before training: step 0, validate=True, one sample (the limit), its
+    # val_kwargs.n=1 rollout, with reward and the engine's span
+    val = [t for t in group_trajectories(_spans(v1_run)) if t.root is not None and t.validate]
+    assert [(t.step, t.rollout_n) for t in val] == [(0, 0)], [t.summary() for t in val]
+    assert isinstance(val[0].reward, float)
+    names = Counter(s["name"] for _, s in val[0].walk())
+    assert names["llm_request"] == names["LLMServerClient.generate"] >= 1, names
 
 
 def test_legacy_trainer_through_the_collector(legacy_run: Run, v1_run: Run) -> None:
