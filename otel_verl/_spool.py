@@ -830,7 +830,7 @@ class DurableSpanExporter(SpanExporter):
             else:
                 if isinstance(inner, dict):
                     counts.update({f"backend.{key}": value for key, value in inner.items()
-                                   if isinstance(value, (int, float))})
+                                   if isinstance(value, int) and not isinstance(value, bool)})
         return counts
 
     def _count(self, **deltas: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 # --- trajectory identity: on every span inside a trajectory -------------------------------------
 ROLLOUT_STEP: Final = "rollout.step"
@@ -197,7 +197,7 @@ def genai_request_attributes(sampling_params: object) -> dict[str, int | float]:
     attrs: dict[str, int | float] = {}
     for keys, attr, integral in _GENAI_REQUEST_PARAMS:
         for key in keys:
-            value = sampling_params.get(key)
+            value: Any = sampling_params.get(key)
             kind = type(value)
             if kind is float and not integral or kind is int and integral:  # the usual case
                 attrs[attr] = value

@@ -3,7 +3,7 @@ parameters to ``gen_ai.request.*`` (the project's own clients and verl's LLMServ
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_verl import semconv
@@ -32,6 +32,7 @@ values = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=
                    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.dictionaries(st.sampled_from(["temperature", "top_p", "top_k", "max_tokens",
                                         "max_new_tokens", "other"]), values))
 def test_any_parameters_give_plain_numbers_and_never_raise(params):
