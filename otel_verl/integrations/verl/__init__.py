@@ -34,6 +34,7 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from otel_verl import _config
 from otel_verl.integrations.verl import _agent_loop, _common, _facade, _importhook, _tools, _vllm
 
 __all__ = ["SUPPORTED_VERL", "VerlInstrumentor", "install", "instrumentation_env",
@@ -111,10 +112,8 @@ def is_driver_process(environ: Mapping[str, str] | None = None) -> bool:
     """True in the process a user started (verl's driver), False in one this integration's
     environment started (a Ray worker, an engine server: ``instrumentation_env`` reached it)."""
     environ = os.environ if environ is None else environ
-    from otel_verl._config import has_worker_config
-
     paths = {os.path.abspath(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    return BOOTSTRAP_DIR not in paths and not has_worker_config(environ)
+    return BOOTSTRAP_DIR not in paths and not _config.has_worker_config(environ)
 
 
 def _link_wandb_run() -> None:
@@ -122,9 +121,7 @@ def _link_wandb_run() -> None:
     worker's Weave calls carry and that verl's ``wandb.init`` (in its TaskRunner actor, started
     later) then uses, so the traces link to the training run. Never raises."""
     try:
-        from otel_verl._config import preset_wandb_run_id
-
-        preset_wandb_run_id()
+        _config.preset_wandb_run_id()
     except Exception as exc:  # pragma: no cover - never break the launch
         _log.warning("otel_verl: W&B run id not preset (%r): Weave calls are not linked to the "
                      "run", exc)

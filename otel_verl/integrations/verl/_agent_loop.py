@@ -19,12 +19,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -37,8 +38,8 @@ from otel_verl.integrations.verl._common import (
     MARK,
     S,
     current_span,
+    for_each_subclass,
     norm,
-    safe,
     set_attr,
     warn_once,
 )
@@ -137,22 +138,9 @@ def patch_agent_loop(module: ModuleType) -> None:
             _log.warning("otel_verl: AgentLoopWorker._compute_score has an unknown signature %s "
                          "(verl version not supported for reward spans); reward is not traced",
                          params)
-        _watch_subclasses(worker)
+        # warn once per unknown subclass that runs samples its own way
+        for_each_subclass(worker, _check_worker_class, "verl trainer check")
         set_attr(worker, MARK, True)
-
-
-def _watch_subclasses(worker: Any) -> None:
-    """Warn once per unknown ``AgentLoopWorker`` subclass that runs samples its own way."""
-    sub: type
-    for sub in worker.__subclasses__():
-        _check_worker_class(sub)
-
-    def __init_subclass__(cls: type, **kwargs: Any) -> None:
-        super(worker, cls).__init_subclass__(**kwargs)
-        if S.installed:
-            safe("verl trainer check", lambda: _check_worker_class(cls))
-
-    set_attr(worker, "__init_subclass__", classmethod(__init_subclass__))
 
 
 def _check_worker_class(cls: type) -> None:
@@ -186,28 +174,30 @@ def _tensordict_indices(batch: Any) -> list[Any]:
     return [getattr(v, "data", v) for v in values]
 
 
-def _select(indices_of: Callable[[Any], list[Any]], batch: Any) -> contextvars.Token | None:
-    """Set ``SELECTION`` for this chunk when a per-step sample limit is configured."""
-    if not S.active():
-        return None
+@contextlib.contextmanager
+def _selected(indices_of: Callable[[Any], list[Any]], batch: Any) -> Iterator[None]:
+    """``SELECTION`` set for this chunk while inside, when a per-step sample limit is configured
+    (asyncio tasks created inside copy it)."""
+    token: contextvars.Token | None = None
+    if S.active():
+        try:
+            sampler = otel_verl.RolloutTraceConfig.sampler()
+            if sampler.limit is not None:
+                token = SELECTION.set(sampler.select(norm(i) for i in indices_of(batch)))
+        except Exception as exc:
+            _errors.internal_error(exc, "verl trace sampling")
     try:
-        sampler = otel_verl.RolloutTraceConfig.sampler()
-        if sampler.limit is not None:
-            return SELECTION.set(sampler.select(norm(i) for i in indices_of(batch)))
-    except Exception as exc:
-        _errors.internal_error(exc, "verl trace sampling")
-    return None
+        yield
+    finally:
+        if token is not None:
+            SELECTION.reset(token)
 
 
 def _sampling_generate_sequences(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def generate_sequences(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        token = _select(_batch_indices, batch)
-        try:
+        with _selected(_batch_indices, batch):
             return await original(self, batch, *args, **kwargs)
-        finally:
-            if token is not None:
-                SELECTION.reset(token)
 
     return generate_sequences
 
@@ -296,12 +286,8 @@ async def tq_generate_sequences(original: Callable[..., Any], worker: Any, batch
                                 *args: Any, **kwargs: Any) -> Any:
     """``AgentLoopWorkerTQ.generate_sequences`` with otel_verl's sample selection."""
     # the background tasks verl creates in there copy this context, the selection included
-    token = _select(_tensordict_indices, batch)
-    try:
+    with _selected(_tensordict_indices, batch):
         return await original(worker, batch, *args, **kwargs)
-    finally:
-        if token is not None:
-            SELECTION.reset(token)
 
 
 async def tq_run_agent_loop(original: Callable[..., Any], worker: Any, sampling_params: Any,

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import Any
 
@@ -123,6 +123,29 @@ def set_attr(owner: Any, name: str, value: Any) -> None:
             setattr(owner, name, old)
 
     S.undo.append(undo)
+
+
+def subclasses(cls: type) -> Iterator[type]:
+    """Every subclass of ``cls``, direct or not."""
+    sub: type
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from subclasses(sub)
+
+
+def for_each_subclass(base: Any, callback: Callable[[type], None], where: str) -> None:
+    """``callback(cls)`` for every subclass of ``base`` that exists now, and (through a
+    ``base.__init_subclass__`` hook, undone by ``uninstall()``) for every one defined while
+    installed; a callback that raises is reported as ``where``, never raised."""
+    for sub in subclasses(base):
+        callback(sub)
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        super(base, cls).__init_subclass__(**kwargs)
+        if S.installed:
+            safe(where, lambda: callback(cls))
+
+    set_attr(base, "__init_subclass__", classmethod(__init_subclass__))
 
 
 def mark_installed() -> bool:

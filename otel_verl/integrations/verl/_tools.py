@@ -7,13 +7,20 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import otel_verl
 from otel_verl import semconv
-from otel_verl.integrations.verl._common import LOCK, MARK, S, current_span, safe, set_attr
+from otel_verl.integrations.verl._common import (
+    LOCK,
+    MARK,
+    S,
+    current_span,
+    for_each_subclass,
+    set_attr,
+)
 from otel_verl.semconv import GenAIOperation, SpanKindName
 
 BASE_TOOL_MODULE = "verl.tools.base_tool"
@@ -70,26 +77,12 @@ def _wrap_tool_lifecycle(cls: type) -> None:
         set_attr(cls, name, _lifecycle(func, name))
 
 
-def _subclasses(cls: type) -> Iterator[type]:
-    sub: type
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _subclasses(sub)
-
-
 def patch_base_tool(module: ModuleType) -> None:
     """Post-import hook of ``verl.tools.base_tool``."""
     with LOCK:
         base = getattr(module, "BaseTool", None)
         if not S.installed or base is None or getattr(base, MARK, False):
             return
-        for cls in (base, *_subclasses(base)):
-            _wrap_tool_lifecycle(cls)
-
-        def __init_subclass__(cls: type, **kwargs: Any) -> None:
-            super(base, cls).__init_subclass__(**kwargs)
-            if S.installed:
-                safe("tool span wrapping", lambda: _wrap_tool_lifecycle(cls))
-
-        set_attr(base, "__init_subclass__", classmethod(__init_subclass__))
+        _wrap_tool_lifecycle(base)
+        for_each_subclass(base, _wrap_tool_lifecycle, "tool span wrapping")
         set_attr(base, MARK, True)

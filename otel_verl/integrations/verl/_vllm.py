@@ -31,7 +31,6 @@ VLLM_ASYNC_LLM_MODULE = "vllm.v1.engine.async_llm"
 VLLM_EXTRA_ARGS_KEY = "otel_verl_trace_headers"
 
 
-
 def _rollout_engine(owner: Any) -> str | None:
     try:
         return str(owner.config.actor_rollout_ref.rollout.name)
