@@ -1,7 +1,15 @@
 """Configuration: one frozen object, resolved once, with an explicit and tested precedence.
 
 Precedence, highest first: explicit argument > verl/Hydra key (``actor_rollout_ref.rollout.trace.*``,
-``trainer.*``) > environment (``OTEL_*`` standard names, ``OTEL_VERL_*`` for what is ours) > default.
+``trainer.*``) > environment (``OTEL_VERL_*`` for what is ours, then the ``OTEL_*`` standard names)
+> default.
+
+In a worker (``OTEL_VERL_CONFIG`` from the driver's ``RolloutTraceConfig.export_env()``), the
+driver's configuration sits inside that order: explicit > verl key > ``OTEL_VERL_*`` > what the
+driver chose (by argument or verl key) > standard ``OTEL_*`` > the rest of the driver's
+configuration > default. So a worker can override any setting with an ``OTEL_VERL_*`` variable,
+a standard variable (``OTEL_TRACES_EXPORTER=none`` under ``opentelemetry-instrument``) never
+undoes the driver's choice, and no standard variable turns tracing off where the driver traces.
 
 A bad explicit or verl value raises ``ConfigError`` naming the key and the allowed values; a bad
 environment value logs a warning and falls back to the next source.
@@ -85,6 +93,10 @@ class TraceConfig:
     weave_threads: bool = True
     weave_include_otel_attributes: bool = True
     wandb_run_id: str | None = None
+    #: the fields set by an explicit argument or a verl key (here, or in the driver this worker's
+    #: configuration came from): in a worker, a standard ``OTEL_*`` variable does not override
+    #: them. Not part of the configuration's value (ignored by ``==``).
+    chosen: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -652,11 +664,14 @@ def resolve_config(
     if unknown:
         raise ConfigError(f"unknown option(s) {sorted(unknown)}; known: {', '.join(FIELD_NAMES)}")
     flat_verl = flatten_verl_config(verl_config)
-    base = _from_worker_env(environ)
+    worker = _from_worker_env(environ)
+    base, base_chosen = worker if worker is not None else ({}, frozenset())
     values: dict[str, Any] = {}
+    chosen: set[str] = set()
     for field in _FIELDS:
         if field.name in explicit:
             values[field.name] = _parse_or_raise(field, explicit[field.name], field.name)
+            chosen.add(field.name)
             continue
         verl_key = next((k for k in field.verl if k in flat_verl and flat_verl[k] is not None),
                         None)
@@ -664,16 +679,46 @@ def resolve_config(
             verl_key = next((k for k in field.verl if k in flat_verl), None)
         if verl_key is not None:
             values[field.name] = _parse_or_raise(field, flat_verl[verl_key], verl_key)
+            chosen.add(field.name)
             continue
-        from_env = _from_env(field, environ)
-        if from_env is not _MISSING:
-            values[field.name] = from_env
-        elif field.name in base:
-            values[field.name] = base[field.name]
-    return TraceConfig(**values)
+        ours = _from_env(field, environ, generic=False)
+        if ours is not _MISSING:
+            values[field.name] = ours
+        elif field.name in base_chosen and field.name in base:
+            values[field.name] = base[field.name]  # the driver's choice, below OTEL_VERL_* only
+            chosen.add(field.name)
+        else:
+            generic = _from_env(field, environ, ours=False)
+            if generic is not _MISSING and _turns_tracing_off(field, generic, base, worker):
+                generic = _MISSING
+            if generic is not _MISSING:
+                values[field.name] = generic
+            elif field.name in base:
+                values[field.name] = base[field.name]
+    return TraceConfig(**values, chosen=tuple(sorted(chosen)))
 
 
 _MISSING = object()
+#: environment names that are otel_verl's own (a worker's override of the driver's choice)
+_OURS_PREFIX = "OTEL_VERL_"
+
+
+def _turns_tracing_off(field: _Field, value: Any, base: Mapping[str, Any],
+                       worker: object | None) -> bool:
+    """True when a standard variable's ``value`` for ``backend`` would turn tracing off, where it
+    is then ignored (worker of a tracing driver) or honoured with a warning (anywhere else): a
+    standard variable never turns tracing off silently."""
+    if field.name != "backend" or value not in (None, "none"):
+        return False
+    if worker is not None and base.get("backend") not in (None, "none"):
+        _log.warning("otel_verl: ignoring %s=none in this worker: its driver traces to %r (set "
+                     "%s=none to turn a worker off)", _env.OTEL_TRACES_EXPORTER, base["backend"],
+                     _env.OTEL_VERL_BACKEND)
+        return True
+    _log.warning("otel_verl: %s=none turns otel_verl's tracing off (no backend set by "
+                 "init(backend=...), verl's trace.backend or %s)", _env.OTEL_TRACES_EXPORTER,
+                 _env.OTEL_VERL_BACKEND)
+    return False
 
 
 def _parse_or_raise(field: _Field, value: Any, key: str) -> Any:
@@ -683,11 +728,16 @@ def _parse_or_raise(field: _Field, value: Any, key: str) -> Any:
         raise ConfigError(f"{key}: {exc}") from None
 
 
-def _from_env(field: _Field, environ: Mapping[str, str]) -> Any:
+def _from_env(field: _Field, environ: Mapping[str, str], *, ours: bool = True,
+              generic: bool = True) -> Any:
+    """The field's value from the environment (first name that parses wins), else ``_MISSING``;
+    ``ours``/``generic`` select the ``OTEL_VERL_*`` names and the others (standard ones)."""
     sources = [(name, field.parse) for name in field.env]
     if field.name in _ENV_CONVERTERS:
         sources.append(_ENV_CONVERTERS[field.name])
     for name, parse in sources:
+        if not (ours if name.startswith(_OURS_PREFIX) else generic):
+            continue
         raw = environ.get(name)
         if raw is None or raw == "":
             continue
@@ -698,14 +748,16 @@ def _from_env(field: _Field, environ: Mapping[str, str]) -> Any:
     return _MISSING
 
 
-def _from_worker_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The driver's whole configuration, when ``export_env`` put it in this process's environment.
+def _from_worker_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], frozenset[str]] | None:
+    """The driver's whole configuration and the fields it chose (``TraceConfig.chosen``), when
+    ``export_env`` put them in this process's environment; None when it did not (or malformed).
 
-    It ranks below every individual variable, so a worker can still override one setting.
+    What the driver chose ranks below ``OTEL_VERL_*`` variables only; the rest of its
+    configuration below every variable (see the module docstring).
     """
     raw = environ.get(_env.OTEL_VERL_CONFIG)
     if not raw:
-        return {}
+        return None
     try:
         data = json.loads(raw)
         if not isinstance(data, dict):
@@ -715,7 +767,10 @@ def _from_worker_env(environ: Mapping[str, str]) -> dict[str, Any]:
             if field.name in data:
                 value = data[field.name]
                 base[field.name] = value if value is None else field.parse(value)
-        return base
+        chosen = data.get("chosen") or []
+        if not isinstance(chosen, list) or not all(isinstance(n, str) for n in chosen):
+            raise ConfigError(f"'chosen': expected a list of option names, got {chosen!r}")
+        return base, frozenset(chosen) & set(FIELD_NAMES)
     except (ValueError, TypeError, ConfigError) as exc:
         _log.warning("otel_verl: ignoring malformed %s (%s)", _env.OTEL_VERL_CONFIG, exc)
-        return {}
+        return None

@@ -123,6 +123,10 @@ class RolloutTraceConfig:
     def export_env(cls) -> dict[str, str]:
         """Environment variables that make a worker process build this configuration.
 
+        What the driver chose (an argument of ``init`` or a verl key) stays chosen in the worker
+        whatever its standard ``OTEL_*`` variables say; an ``OTEL_VERL_*`` variable there still
+        overrides it (precedence: ``otel_verl._config``).
+
         Put them in a Ray ``runtime_env={"env_vars": ...}`` or a subprocess environment; the
         worker calls ``init_from_env()`` (``otel_verl.integrations.ray`` does it for you).
         """
@@ -135,8 +139,11 @@ class RolloutTraceConfig:
             config = dataclasses.replace(config, backend="none")
         # backend=weave: the W&B run the workers' calls link to, fixed here (the driver) when
         # unset, also when wandb.init runs later (verl starts the run in fit())
-        config = with_wandb_run_id(config)
-        return {_env.OTEL_VERL_CONFIG: config.to_json()}
+        fixed = with_wandb_run_id(config)
+        if fixed.wandb_run_id != config.wandb_run_id:  # the driver's choice for every worker
+            fixed = dataclasses.replace(fixed, chosen=tuple(sorted({*fixed.chosen,
+                                                                    "wandb_run_id"})))
+        return {_env.OTEL_VERL_CONFIG: fixed.to_json()}
 
     @classmethod
     def get_backend(cls) -> str | None:

@@ -184,3 +184,100 @@ def test_verl_key_outranks_otel_traces_exporter():
     config = resolve_config(verl_config=["actor_rollout_ref.rollout.trace.backend=weave"],
                             environ={"OTEL_TRACES_EXPORTER": "none"})
     assert config.backend == "weave"
+
+
+# --- the worker side: export_env() in the driver, init_from_env() in the worker -----------------
+
+
+@pytest.mark.parametrize("backend", ["weave", "file"])
+def test_worker_keeps_the_drivers_backend_under_otel_traces_exporter_none(monkeypatch, tmp_path,
+                                                                          backend):
+    """The README's opentelemetry-instrument setup (OTEL_TRACES_EXPORTER=none) in a Ray worker
+    must not turn off the backend the driver chose explicitly."""
+    monkeypatch.delenv("OTEL_VERL_CONFIG", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    RolloutTraceConfig.init("p", "e", backend, trace_dir=str(tmp_path),
+                            weave_entity="ent", weave_base_url="http://127.0.0.1:9",
+                            wandb_run_id="run1")
+    assert RolloutTraceConfig.get_backend() == backend
+    env = RolloutTraceConfig.export_env()
+    RolloutTraceConfig.reset()  # the worker: a fresh process with the driver's environment
+    monkeypatch.setenv("OTEL_VERL_CONFIG", env["OTEL_VERL_CONFIG"])
+    assert RolloutTraceConfig.init_from_env() is True
+    assert RolloutTraceConfig.get_backend() == backend
+    assert RolloutTraceConfig.get_client() is not None
+
+
+@pytest.mark.parametrize(
+    ("driver", "worker_env", "field", "expected"),
+    [
+        # the driver's explicit choice: no standard variable in the worker undoes it
+        ({"explicit": {"backend": "weave"}}, {"OTEL_TRACES_EXPORTER": "none"}, "backend", "weave"),
+        ({"explicit": {"backend": "weave"}}, {"OTEL_TRACES_EXPORTER": "otlp"}, "backend", "weave"),
+        ({"verl": [VERL + "backend=otlp"]}, {"OTEL_TRACES_EXPORTER": "console"}, "backend", "otlp"),
+        ({"explicit": {"backend": None}}, {"OTEL_TRACES_EXPORTER": "weave"}, "backend", None),
+        ({"explicit": {"otlp_endpoint": "http://a:4317"}},
+         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"}, "otlp_endpoint", "http://a:4317"),
+        ({"explicit": {"service_name": "drv"}}, {"OTEL_SERVICE_NAME": "w"}, "service_name", "drv"),
+        ({"explicit": {"schedule_delay_s": 2}}, {"OTEL_BSP_SCHEDULE_DELAY": "250"},
+         "schedule_delay_s", 2.0),
+        ({"explicit": {"weave_keep_trajectory": False}},
+         {"OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY": "true"}, "weave_keep_trajectory", False),
+        # ... but a worker's OTEL_VERL_* variable does (ours, named on purpose)
+        ({"explicit": {"backend": "weave"}}, {"OTEL_VERL_BACKEND": "console"}, "backend",
+         "console"),
+        ({"explicit": {"backend": "weave"}}, {"OTEL_VERL_BACKEND": "none"}, "backend", "none"),
+        ({"explicit": {"trace_dir": "/d"}}, {"OTEL_VERL_TRACE_DIR": "/w"}, "trace_dir", "/w"),
+        ({"explicit": {"token2text": True}}, {"OTEL_VERL_TOKEN2TEXT": "false"}, "token2text",
+         False),
+        # what the driver did not choose: the worker's standard variables apply ...
+        ({}, {"OTEL_TRACES_EXPORTER": "otlp"}, "backend", "otlp"),
+        ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"}, "otlp_endpoint", "http://b:4317"),
+        ({"env": {"OTEL_SERVICE_NAME": "drv"}}, {"OTEL_SERVICE_NAME": "w"}, "service_name", "w"),
+        # ... else the driver's value travels
+        ({"env": {"OTEL_SERVICE_NAME": "drv"}}, {}, "service_name", "drv"),
+        ({"explicit": {"max_samples_per_step_per_worker": 0}}, {}, "max_samples_per_step_per_worker",
+         0),
+        # a standard variable never turns tracing off where the driver traces
+        ({}, {"OTEL_TRACES_EXPORTER": "none"}, "backend", "file"),
+        ({"env": {"OTEL_TRACES_EXPORTER": "otlp"}}, {"OTEL_TRACES_EXPORTER": "none"}, "backend",
+         "otlp"),
+        # a worker's own explicit argument still ranks first
+        ({"explicit": {"backend": "weave"}}, {"explicit": {"backend": "file"}}, "backend", "file"),
+    ],
+)
+def test_worker_precedence(driver, worker_env, field, expected):
+    """Worker side: explicit > verl key > OTEL_VERL_* > the driver's choice > standard OTEL_* >
+    the rest of the driver's configuration > default."""
+    config = resolve_config(driver.get("explicit"), driver.get("verl"), driver.get("env", {}))
+    worker_env = dict(worker_env)
+    worker_explicit = worker_env.pop("explicit", None)
+    env = {"OTEL_VERL_CONFIG": config.to_json(), **worker_env}
+    worker = resolve_config(worker_explicit, None, env)
+    assert getattr(worker, field) == expected
+    # and one process further (a worker's worker): the driver's choices are still choices
+    again = resolve_config(None, None, {"OTEL_VERL_CONFIG": worker.to_json(), **worker_env})
+    assert getattr(again, field) == expected
+
+
+def test_a_standard_variable_turning_tracing_off_says_so(caplog):
+    caplog.set_level(logging.WARNING, "otel_verl")
+    assert resolve_config(None, None, {"OTEL_TRACES_EXPORTER": "none"}).backend == "none"
+    assert "OTEL_TRACES_EXPORTER=none turns otel_verl's tracing off" in caplog.text
+    caplog.clear()
+    driver = resolve_config({"backend": "otlp"}, None, {})
+    worker = resolve_config(None, None, {"OTEL_VERL_CONFIG": driver.to_json(),
+                                         "OTEL_TRACES_EXPORTER": "none"})
+    assert worker.backend == "otlp" and caplog.text == ""  # the driver's choice: nothing to say
+    undecided = resolve_config(None, None, {"OTEL_VERL_CONFIG": TraceConfig().to_json(),
+                                            "OTEL_TRACES_EXPORTER": "none"})
+    assert undecided.backend == "file" and "ignoring OTEL_TRACES_EXPORTER=none" in caplog.text
+
+
+def test_export_env_marks_the_drivers_choices(monkeypatch, tmp_path):
+    RolloutTraceConfig.init("p", "e", "file", trace_dir=str(tmp_path), wandb_run_id="r9")
+    carried = json.loads(RolloutTraceConfig.export_env()["OTEL_VERL_CONFIG"])
+    assert {"backend", "project_name", "experiment_name", "trace_dir", "wandb_run_id"} <= \
+        set(carried["chosen"])
+    assert "service_name" not in carried["chosen"]
