@@ -176,5 +176,16 @@ def token_texts(owner: Any, kwargs: dict[str, Any], output: Any) -> dict[str, st
         if ids is not None and text_key not in texts:
             if hasattr(ids, "tolist"):
                 ids = ids.tolist()
-            texts[text_key] = decode(ids, skip_special_tokens=False)
+            texts[text_key] = _decode(decode, ids)
     return texts or None
+
+
+def _decode(decode: Any, ids: Any) -> str:
+    """``decode(ids, skip_special_tokens=False)`` (Hugging Face's default, said explicitly), or
+    ``decode(ids)`` as verl calls it when ``decode`` takes no such keyword."""
+    try:
+        return decode(ids, skip_special_tokens=False)
+    except TypeError as exc:
+        if "skip_special_tokens" not in str(exc):
+            raise
+    return decode(ids)

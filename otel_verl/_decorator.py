@@ -184,9 +184,15 @@ class _OpCall:
                 _errors.internal_error(exc, f"after-hook of {self.spec.name}")
 
     def wants_text(self) -> bool:
+        """token2text applies: on, capturing, and the owner has a ``tokenizer`` (never raises:
+        an owner whose ``__getattr__`` raises has none)."""
         config = self.runtime.config
-        return (config.token2text and config.capture_payloads and self.spec.capture_output
-                and getattr(self.owner, "tokenizer", None) is not None)
+        if not (config.token2text and config.capture_payloads and self.spec.capture_output):
+            return False
+        try:
+            return getattr(self.owner, "tokenizer", None) is not None
+        except Exception:  # the owner's own code raised: no text, the call's result stands
+            return False
 
     def texts(self, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> dict[str, str] | None:

@@ -439,3 +439,51 @@ def test_capture_payloads_off_records_metadata_only():
         assert span.attributes[semconv.ROLLOUT_SAMPLE_INDEX] == 2
     assert {s.name for s in exporter.get_finished_spans()} == {"rollout_trace", "Agent.run",
                                                                "Agent.turn"}
+
+
+class _HostileOwner:
+    """An agent loop whose ``__getattr__`` raises for anything it lacks (``tokenizer`` too)."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name} here")
+
+    @rollout_trace_op
+    def run_sync(self):
+        return {"prompt_ids": [1]}
+
+    @rollout_trace_op
+    async def run(self):
+        return {"prompt_ids": [1]}
+
+
+def test_token2text_owner_whose_getattr_raises_keeps_the_result():
+    """issue 25 item 8: the op succeeded; token2text must not turn it into the owner's error."""
+    owner = _HostileOwner()
+    with capture_spans(token2text=True) as exporter:
+        assert owner.run_sync() == {"prompt_ids": [1]}
+        assert asyncio.run(owner.run()) == {"prompt_ids": [1]}
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2
+    for span in spans:
+        assert span.status.status_code is not StatusCode.ERROR
+        assert json.loads(span.attributes[semconv.OUTPUT_VALUE]) == {"prompt_ids": [1]}
+
+
+def test_token2text_decode_without_skip_special_tokens_falls_back():
+    """A tokenizer whose decode takes only the ids (verl calls ``decode(ids)``)."""
+    class Tok:
+        def decode(self, ids):
+            return "|".join(map(str, ids))
+
+    class Loop:
+        tokenizer = Tok()
+
+        @rollout_trace_op
+        async def run(self):
+            return {"prompt_ids": [1, 2], "response_ids": [3]}
+
+    with capture_spans(token2text=True) as exporter:
+        asyncio.run(Loop().run())
+    (span,) = exporter.get_finished_spans()
+    out = json.loads(span.attributes[semconv.OUTPUT_VALUE])
+    assert out["prompt_text"] == "1|2" and out["response_text"] == "3"
