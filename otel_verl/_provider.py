@@ -163,6 +163,16 @@ def durable(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
 
 
 def _otlp_exporter(config: TraceConfig) -> SpanExporter:
+    """The OTLP exporter for ``otlp_endpoint`` (else the ``OTEL_EXPORTER_OTLP_*`` variables).
+
+    Credentials in the endpoint never reach a log line: the libraries' loggers get a filter
+    that redacts them (``_otlp_endpoint.install_log_filter``). Over HTTP the signal path goes
+    into the URL's path, before a query string; gRPC, which has no userinfo, gets
+    ``user:password@`` as a Basic ``authorization`` header.
+    """
+    from otel_verl import _otlp_endpoint
+
+    _otlp_endpoint.install_log_filter([config.otlp_endpoint])
     kwargs: dict[str, Any] = {}
     if config.otlp_protocol == "grpc":
         try:
@@ -172,8 +182,12 @@ def _otlp_exporter(config: TraceConfig) -> SpanExporter:
                               "opentelemetry-exporter-otlp-proto-grpc: pip install "
                               "'otel-verl[otlp]'") from None
         if config.otlp_endpoint:
-            kwargs["endpoint"] = config.otlp_endpoint
-            kwargs["insecure"] = not config.otlp_endpoint.startswith("https://")
+            endpoint, user, password = _otlp_endpoint.split_userinfo(config.otlp_endpoint)
+            kwargs["endpoint"] = endpoint
+            kwargs["insecure"] = not endpoint.startswith("https://")
+            if user is not None:
+                kwargs["headers"] = {**_otlp_env_headers(), "authorization":
+                                     _otlp_endpoint.basic_auth_header(user, password)}
         return OTLPSpanExporter(timeout=config.export_timeout_s, **kwargs)
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
@@ -182,9 +196,18 @@ def _otlp_exporter(config: TraceConfig) -> SpanExporter:
                           "opentelemetry-exporter-otlp-proto-http: pip install "
                           "'otel-verl[otlp]'") from None
     if config.otlp_endpoint:
-        endpoint = config.otlp_endpoint.rstrip("/")
-        kwargs["endpoint"] = endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
+        kwargs["endpoint"] = _otlp_endpoint.join_signal_path(config.otlp_endpoint)
     return Http(timeout=config.export_timeout_s, **kwargs)
+
+
+def _otlp_env_headers() -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_TRACES_HEADERS`` (else ``OTEL_EXPORTER_OTLP_HEADERS``), as the gRPC
+    exporter reads them when it is given no headers."""
+    from opentelemetry.util.re import parse_env_headers
+
+    raw = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+           or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS") or "")
+    return dict(parse_env_headers(raw, liberal=True))
 
 
 def build_provider(

@@ -1,11 +1,17 @@
 """Backends as configured through RolloutTraceConfig: file store, OTLP exporters, provider hygiene."""
 
+import base64
 import json
+import logging
 import os
 import socket
+import string
+import urllib.parse
 
 import pytest
 from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
@@ -15,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_verl import (
     ConfigError,
     RolloutTraceConfig,
+    _otlp_endpoint,
     get_tracer_provider,
     rollout_trace_attr,
     rollout_trace_op,
@@ -76,6 +83,76 @@ def test_otlp_backend_builds_the_standard_exporter(protocol, module, tmp_path):
     assert type(inner).__module__ == module
     if protocol == "http/protobuf":
         assert inner._endpoint == "http://127.0.0.1:4999/v1/traces"
+
+
+@pytest.mark.parametrize(("endpoint", "expected"), [
+    ("http://h:4318", "http://h:4318/v1/traces"),
+    ("http://h:4318/", "http://h:4318/v1/traces"),
+    ("http://h:4318/v1/traces", "http://h:4318/v1/traces"),
+    ("http://h:4318/otlp/", "http://h:4318/otlp/v1/traces"),
+    ("http://h:4318?api_key=K", "http://h:4318/v1/traces?api_key=K"),
+    ("http://h:4318/?api_key=K&team=a", "http://h:4318/v1/traces?api_key=K&team=a"),
+    ("http://u:p@h:4318/sk-x/v1/traces?k=v", "http://u:p@h:4318/sk-x/v1/traces?k=v"),
+])
+def test_otlp_http_signal_path_goes_into_the_path_not_after_the_query(endpoint, expected,
+                                                                      tmp_path):
+    RolloutTraceConfig.init("p", "e", "otlp", otlp_protocol="http/protobuf",
+                            otlp_endpoint=endpoint, trace_dir=str(tmp_path))
+    assert RolloutTraceConfig.get_client().inner._endpoint == expected
+
+
+def test_otlp_grpc_userinfo_becomes_an_authorization_header(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=rl")
+    RolloutTraceConfig.init("p", "e", "otlp", otlp_protocol="grpc",
+                            otlp_endpoint="http://alice:s%40cret@127.0.0.1:4999",
+                            trace_dir=str(tmp_path))
+    inner = RolloutTraceConfig.get_client().inner
+    assert inner._endpoint == "127.0.0.1:4999"  # gRPC has no userinfo: it would not resolve
+    headers = dict(inner._headers)
+    assert headers["x-team"] == "rl"  # the environment's headers are kept
+    assert base64.b64decode(headers["authorization"].removeprefix("Basic ")) == b"alice:s@cret"
+
+
+_SECRET = st.text(string.ascii_letters + string.digits + "-_.~", min_size=6, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(user=_SECRET, password=_SECRET, key=_SECRET, token=_SECRET,
+       path=st.sampled_from(["", "/", "/otlp", "/v1/traces", "/api/public/otel/"]))
+def test_redacted_endpoint_holds_no_credential(user, password, key, token, path):
+    token = "sk-" + token
+    url = f"https://{user}:{password}@collector.example:4318/{token}{path}?api_key={key}&x=1"
+    redacted = _otlp_endpoint.redact_url(url)
+    for secret in (user, password, key, token):
+        assert secret not in redacted.replace("collector.example", "")
+    assert redacted.startswith("https://***@collector.example:4318/***")
+    assert _otlp_endpoint.redact_url(redacted) == redacted  # idempotent
+    joined = _otlp_endpoint.join_signal_path(url)
+    assert urllib.parse.urlsplit(joined).path.endswith("/v1/traces")
+    assert urllib.parse.urlsplit(joined).query == f"api_key={key}&x=1"
+
+
+def test_library_log_lines_are_redacted_once_installed(tmp_path, caplog):
+    """The OTLP HTTP client's own 'Transient error' line (the error object as a %s argument)."""
+    secret = "PlantedQueryKey0123"
+    RolloutTraceConfig.init("p", "e", "otlp", otlp_protocol="http/protobuf",
+                            otlp_endpoint=f"http://127.0.0.1:1/?api_key={secret}",
+                            trace_dir=str(tmp_path))
+    RolloutTraceConfig.init("p", "e", "otlp", otlp_protocol="http/protobuf",  # twice: one filter
+                            otlp_endpoint="http://127.0.0.1:1/", trace_dir=str(tmp_path))
+    name = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+    library = logging.getLogger(name)
+    ours = [f for f in library.filters if isinstance(f, _otlp_endpoint.CredentialLogFilter)]
+    assert len(ours) == 1
+    error = ConnectionError(f"Max retries exceeded with url: /v1/traces?api_key={secret}-other")
+    with caplog.at_level(logging.DEBUG):
+        library.warning("Transient error %s encountered while exporting %s batch", error, "span")
+        logging.getLogger("otel_verl").warning("kept in /spool/otlp_api_key_%s", secret)
+        logging.getLogger("urllib3.connectionpool").debug(
+            '"POST /v1/traces?api_key=%s HTTP/1.1" 200 2', secret)
+    assert len(caplog.records) == 3
+    assert secret not in caplog.text
+    assert "api_key=***" in caplog.records[0].getMessage()
 
 
 def test_otlp_unreachable_spools_and_reports(tmp_path, caplog):
