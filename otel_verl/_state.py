@@ -2,9 +2,9 @@
 
 Everything the API needs at call time hangs off ``STATE`` (one object, not module globals): the
 configuration of the installed ``RolloutTraceConfig``, the ``Runtime`` built from it while tracing
-is on (provider, tracer, processor chain, exporter, sampler), and the process hooks (flush before
-fork, shut down at exit). The current trajectory lives in a ContextVar (``TRAJECTORY``) so it
-follows asyncio tasks; ``TrajectoryAttributesProcessor`` reads it through
+is on (provider, tracer, processor chain, exporter, sampler), and the process hook (shut down at
+exit; a fork waits for nothing). The current trajectory lives in a ContextVar (``TRAJECTORY``) so
+it follows asyncio tasks; ``TrajectoryAttributesProcessor`` reads it through
 ``current_trajectory_attrs``.
 """
 
@@ -15,7 +15,6 @@ import contextvars
 import dataclasses
 import inspect
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -177,28 +176,26 @@ class ProcessState:
         self.last_runtime = None
 
     def _register_process_hooks(self) -> None:
-        """Flush before fork and shut down at exit: registered once per process, whatever the
-        number of init/reset cycles."""
+        """Shut down at exit: registered once per process, whatever the number of init/reset
+        cycles.
+
+        Nothing runs before a fork: ``os.fork()`` never waits on export (it used to flush for up
+        to 1 s, a second per task in fork-per-task pools while the backend was slow). Nothing
+        needs it: the parent keeps exporting what it had queued, and each stage's
+        ``after_in_child`` hook (``_processor``, ``_tail``, ``_spool``, ``_file_exporter``)
+        starts the child empty, with its own worker threads, locks and log stream, so the
+        parent's spans are neither lost nor sent twice.
+        """
         if self._hooks_registered:
             return
         self._hooks_registered = True
         atexit.register(self._shutdown_at_exit)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(before=self._flush_before_fork)
 
     def _shutdown_at_exit(self) -> None:
         try:
             self.stop(timeout_s=5.0)
         except Exception:  # interpreter teardown: never raise from atexit
             pass
-
-    def _flush_before_fork(self) -> None:
-        runtime = self.runtime
-        if runtime is not None:
-            try:
-                runtime.provider.force_flush(1000)
-            except Exception:
-                pass
 
 
 STATE = ProcessState()
