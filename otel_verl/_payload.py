@@ -4,7 +4,8 @@ One walk over the value converts it to JSON-compatible data and stops once the f
 budget is spent: a 128k-token list or a million-key dict costs about what one at the cap costs
 (the rest is summarised as ``...[N more items]``). Only these are unpacked, decided by ``type()``
 (which a proxy cannot fake): mappings, lists/tuples/sets/deques, real pydantic models (their
-fields, without calling ``model_dump``), dataclasses (their fields), numpy arrays and scalars,
+fields, without calling ``model_dump``, with the class as Weave's client records it: ``_type``,
+``_class_name`` and ``_bases``), dataclasses (their fields), numpy arrays and scalars,
 torch tensors (neither imported here), enums, bytes, dates, paths, UUIDs, decimals. Anything else
 (a ``unittest.mock.MagicMock``, a lazy proxy, a user class) is recorded by its type name and
 nothing is called on it. An exception raised by user code during the walk (a mapping whose
@@ -246,10 +247,13 @@ class _Walker:
         if pydantic is not None and issubclass(kind, pydantic.BaseModel):
             values = object.__getattribute__(obj, "__dict__")
             fields: Any = getattr(kind, "model_fields", {})  # a class attribute (pydantic v2)
-            items = [(name, values.get(name)) for name in fields if name in values]
+            name, bases = _class_record(kind)
+            items: list[tuple[str, Any]] = [("_type", name)]
+            items.extend((field, values.get(field)) for field in fields if field in values)
             extra = object.__getattribute__(obj, "__pydantic_extra__")
             if type(extra) is dict:
                 items.extend(extra.items())
+            items.extend((("_class_name", name), ("_bases", bases)))
             return self._mapping(None, items, depth)
         if dataclasses.is_dataclass(kind):
             pairs = ((f.name, object.__getattribute__(obj, f.name))
@@ -386,6 +390,15 @@ class _Walker:
 
 
 _UNKNOWN: Any = object()
+
+
+def _class_record(kind: type) -> tuple[str, list[str]]:
+    """A pydantic model's class as Weave's client records it (``_type`` / ``_class_name`` = the
+    class's ``__name__``, ``_bases`` = the names of its bases up to, not including, ``object``),
+    read from the class's own ``type`` slots (nothing the model defines is called)."""
+    mro = type.__dict__["__mro__"].__get__(kind)
+    names = [type.__dict__["__name__"].__get__(c) for c in mro[:-1]]
+    return names[0], names[1:]
 
 
 def _plain_size(chunk: list[Any] | tuple[Any, ...]) -> int:

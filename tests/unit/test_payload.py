@@ -74,7 +74,8 @@ def test_common_rollout_types():
         7: "int key",
     })
     assert data["out"] == {"prompt_ids": [1, 2], "reward_score": 0.5, "color": "red"}
-    assert data["msgs"] == [{"role": "user", "content": "hi"}]
+    assert data["msgs"] == [{"_type": "Msg", "role": "user", "content": "hi", "_class_name": "Msg",
+                             "_bases": ["BaseModel"]}]
     assert data["arr"] == [0, 1, 2] and data["scalar"] == 1.5
     assert data["tensor"] == "<torch.FakeTensor>"  # nothing called on an unknown type
     assert data["raw"]["__bytes__"] == 6
@@ -193,3 +194,32 @@ def test_stdlib_encoder_fallback_gives_the_same_json(monkeypatch, value):
     slow = to_payload(value, max_bytes=4096)
     assert json.loads(slow.json) == json.loads(fast.json) or slow.truncated
     assert len(slow.json.encode()) <= 4096 and slow.redacted == fast.redacted
+
+
+class FunctionCall(pydantic.BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolResponse(pydantic.BaseModel):
+    text: str | None = None
+
+
+class RichToolResponse(ToolResponse):
+    model_config = pydantic.ConfigDict(extra="allow")
+
+
+def test_pydantic_models_keep_their_class_as_weaves_client_records_it():
+    """``_type`` first, the fields, ``_class_name`` and ``_bases`` last: what weave 0.52's
+    ``pydantic_object_record`` + ``to_json`` write (the weave tier compares with the client)."""
+    data, _ = load(("text", [FunctionCall(name="calc", arguments="{}")],
+                    RichToolResponse(text="5", note="extra")))
+    assert data == [
+        "text",
+        [{"_type": "FunctionCall", "name": "calc", "arguments": "{}",
+          "_class_name": "FunctionCall", "_bases": ["BaseModel"]}],
+        {"_type": "RichToolResponse", "text": "5", "note": "extra",
+         "_class_name": "RichToolResponse", "_bases": ["ToolResponse", "BaseModel"]},
+    ]
+    assert list(data[2]) == ["_type", "text", "note", "_class_name", "_bases"]
+
