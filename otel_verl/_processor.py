@@ -137,6 +137,7 @@ class BoundedBatchProcessor(SpanProcessor):
         self._nudge_at: float | None = None  # when a requested nudge is due
         self._last_nudge = -math.inf
         self._in_flight = 0
+        self._in_flight_batch: list[ReadableSpan] = []
         self._stopped = False
         self._worker = threading.Thread(target=self._run, name="otel_verl-export", daemon=True)
         self._worker.start()
@@ -217,6 +218,7 @@ class BoundedBatchProcessor(SpanProcessor):
         the schedule delay)."""
         while self._queue and (everything or self._full()):
             batch: list[ReadableSpan] = []
+            self._in_flight_batch = batch  # shutdown hands it to the log if time runs out
             size = 0
             while self._queue and len(batch) < self._batch and (
                     not batch or size < self._batch_bytes):
@@ -305,10 +307,11 @@ class BoundedBatchProcessor(SpanProcessor):
             self._cond.notify()
         self._worker.join(max(0.0, min(deadline - time.monotonic(), threading.TIMEOUT_MAX)))
         if self._worker.is_alive():
-            left = len(self._queue) + self._in_flight
-            self._counts["abandoned_at_shutdown"] += left
-            _log.warning("otel_verl: export did not finish within %.1fs at shutdown; %d spans "
-                         "abandoned", timeout_s, left)
+            left = _hand_to_log(self)
+            if left:
+                self._counts["abandoned_at_shutdown"] += left
+                _log.warning("otel_verl: export did not finish within %.1fs at shutdown; %d spans "
+                             "abandoned", timeout_s, left)
         self._call_exporter_shutdown(max(0.1, min(deadline - time.monotonic(), 3600.0)))
 
     def _call_exporter_shutdown(self, timeout_s: float) -> None:
@@ -346,6 +349,36 @@ class BoundedBatchProcessor(SpanProcessor):
         self._start_worker()
 
 
+
+
+def _hand_to_log(processor: BoundedBatchProcessor) -> int:
+    """Shutdown ran out of time with spans still queued (or in the worker's batch): where the
+    exporter is the durable log, hand them to it as they are (encode and append, no redaction:
+    the log redacts them when it reads them back, before sending). Returns how many are lost:
+    all of them with any other exporter."""
+    append = getattr(processor.exporter, "append_unredacted", None)
+    if append is None:
+        return len(processor._queue) + processor._in_flight
+    taken: list[ReadableSpan] = []
+    with contextlib.suppress(IndexError):
+        while True:  # the worker may pop concurrently: each span goes to one side only
+            span, span_bytes = processor._queue.popleft()
+            processor._bytes -= span_bytes
+            taken.append(span)
+    batch = list(processor._in_flight_batch) if processor._in_flight else []
+    spans = batch + taken  # the worker's batch may reach the log twice: backends key by span id
+    if not spans:
+        return 0
+    try:
+        kept = int(append(spans, processor._transform))
+    except Exception as exc:  # noqa: BLE001
+        _errors.internal_error(exc, "handing the queue to the durable log at shutdown")
+        kept = 0
+    processor._counts["kept_in_log_at_shutdown"] += kept
+    _log.warning("otel_verl: export did not finish at shutdown; %d span(s) went to the durable "
+                 "log in %s (redacted when they are read back, before sending)", kept,
+                 getattr(processor.exporter, "directory", "?"))
+    return max(0, len(spans) - kept)
 
 
 _AFTER_FORK: weakref.WeakSet[BoundedBatchProcessor] = weakref.WeakSet()

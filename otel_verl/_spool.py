@@ -41,6 +41,8 @@ import collections
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import logging
 import math
 import os
@@ -49,7 +51,9 @@ import secrets
 import socket
 import threading
 import time
+import urllib.parse
 import weakref
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,6 +73,8 @@ DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024
 _REQUEST_OVERHEAD = 1024  # what a request adds around its spans (grouping, framing)
 _SEGMENT = re.compile(r"^(?P<stream>wal-.+)-(?P<seq>\d{8})\.jsonl$")
 _STRIKES_TO_QUARANTINE = 3
+# what one attempt to send from a log came to
+_EMPTY, _SENT, _FAILED, _BLOCKED = "empty", "sent", "failed", "blocked"
 
 
 @contextlib.contextmanager
@@ -135,16 +141,127 @@ def _replace(span: ReadableSpan, attributes: dict[str, Any], events: list[Any]) 
         instrumentation_scope=span.instrumentation_scope)
 
 
+# --- the record format ------------------------------------------------------------------------------
+#
+# Format 1 (before checksums): a record is one OTLP/JSON line, ``{"resourceSpans":[...]}\n``.
+# Format 2: the same line with a trailer inside its top-level object (so it stays a valid store
+# line that `otel-verl traces` and JSON readers read), ``...,"otelVerlLog":"2 <crc32> <flag>"}\n``:
+# the CRC-32 of the bytes before the trailer plus the flag; the flag is ``r`` (ready to send) or
+# ``u`` (not yet redacted: the reader applies the transform before sending). A stream records
+# its format and its backend in ``<stream>.meta``; in a format-2 stream a line without a valid
+# trailer is damage. Format-1 lines are still read (JSON validity is their only check).
+
+_TRAILER_HEAD = b',"otelVerlLog":"'
+_TRAILER_LEN = len(_TRAILER_HEAD) + len(b'2 00000000 r"}\n')
+_TRAILER = re.compile(rb'2 (?P<crc>[0-9a-f]{8}) (?P<flag>[ru])"\}\n')
+RECORD_FORMAT = 2
+
+
+def seal(line: bytes, raw: bool = False) -> bytes:
+    """A format-2 record from one OTLP/JSON line (``{...}\\n``): checksummed, flagged."""
+    body = line[:-2] if line.endswith(b"}\n") else line.rstrip(b"\n")[:-1]
+    flag = b"u" if raw else b"r"
+    return b"%s%s2 %08x %s\"}\n" % (body, _TRAILER_HEAD, zlib.crc32(body + flag), flag)
+
+
+def unseal(record: bytes, sealed_stream: bool) -> tuple[bytes | None, bool]:
+    """(the OTLP/JSON line, whether it still needs redaction), or (None, False) when damaged.
+
+    A record without a trailer is a format-1 line: returned as it is, unless the stream is
+    format 2 (then it is damage). A trailer whose checksum does not match is damage."""
+    if len(record) > _TRAILER_LEN and record[-_TRAILER_LEN:-_TRAILER_LEN + len(_TRAILER_HEAD)] \
+            == _TRAILER_HEAD:
+        match = _TRAILER.fullmatch(record, len(record) - _TRAILER_LEN + len(_TRAILER_HEAD))
+        body = record[:-_TRAILER_LEN]
+        if match is None or zlib.crc32(body + match["flag"]) != int(match["crc"], 16):
+            return None, False
+        return body + b"}\n", match["flag"] == b"u"
+    if sealed_stream or not record.endswith(b"\n"):
+        return None, False
+    return record, False
+
+
+# --- naming a log's folder --------------------------------------------------------------------------
+
+
+def _readable_endpoint(endpoint: str) -> str:
+    """Scheme, host and port of an endpoint: never its user info, path, query or fragment."""
+    text = endpoint.strip()
+    if "://" not in text:
+        text = "//" + text
+    try:
+        parts = urllib.parse.urlsplit(text)
+        host = parts.hostname or ""
+        port = f"_{parts.port}" if parts.port else ""
+    except ValueError:
+        return ""
+    return f"{parts.scheme}_{host}{port}" if parts.scheme else f"{host}{port}"
+
+
+def _has_credentials(endpoint: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else "//" + endpoint)
+    except ValueError:
+        return True
+    return bool("@" in parts.netloc or parts.query or parts.fragment or "sk-" in endpoint
+                or "key" in endpoint.lower() or "token" in endpoint.lower())
+
+
+def backend_identity(kind: str, endpoint: str = "") -> str:
+    """A hash of the whole backend key (credentials included: two keys differing only there are
+    two backends), safe to write down: 16 hex digits; where the endpoint holds user info, a
+    query or a fragment, a slow hash (PBKDF2), so the name is no cheap test of a guessed
+    password."""
+    whole = f"{kind}\0{endpoint}".encode("utf-8", "surrogatepass")
+    if endpoint and _has_credentials(endpoint):
+        return hashlib.pbkdf2_hmac("sha256", whole, b"otel_verl-log-dir", 50_000).hex()[:16]
+    return hashlib.sha256(whole).hexdigest()[:16]
+
+
+def log_dir_name(kind: str, endpoint: str = "") -> str:
+    """The folder name of one backend's log: a readable prefix (the kind and the endpoint's
+    scheme, host and port; no credentials) beside the backend's identity (a hash of all of it),
+    so two backends never share a folder however long their keys."""
+    readable = f"{kind}-{_readable_endpoint(endpoint)}" if endpoint else kind
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", readable).strip("_.-")[:80] or "backend"
+    return f"{readable}-{backend_identity(kind, endpoint)}"
+
+
+def _default_identity(inner: SpanExporter) -> str:
+    """The backend of an exporter nobody named: its class and (OTLP exporters) endpoint."""
+    endpoint = getattr(inner, "_endpoint", "")
+    kind = f"{type(inner).__module__}.{type(inner).__qualname__}"
+    return backend_identity(kind, endpoint if isinstance(endpoint, str) else "")
+
+
 # --- one process's log ------------------------------------------------------------------------------
 
 
+class LogReadError(OSError):
+    """A segment of a log could not be read (the log is kept and retried, never removed)."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(error.errno, f"cannot read {path}: {error.strerror or error}")
+        self.path = path
+        self.error = error
+
+
 class _Stream:
-    """One writer's log: segments ``<name>-<seq>.jsonl``, a cursor file and a lock file."""
+    """One writer's log: segments ``<name>-<seq>.jsonl``, a cursor file, a lock file and a meta
+    file (``{"format": 2, "backend": <identity>}``; absent in format-1 logs)."""
 
     def __init__(self, directory: Path, name: str, lock_fd: int | None) -> None:
         self.dir = directory
         self.name = name
         self.lock_fd = lock_fd
+        self.limit = 1 << 30  # spans per request; halved while a refused span is looked for
+        self.retry_at = 0.0  # after a read error: when to try again
+        self.read_errors = 0
+        self.cursor_damage: str | None = None  # why the saved cursor was not used
+        meta = self._read_meta()
+        self.sealed = meta.get("format", 1) >= RECORD_FORMAT
+        backend = meta.get("backend")
+        self.backend: str | None = backend if isinstance(backend, str) else None
         self.cursor = self._read_cursor()
 
     def segment(self, seq: int) -> Path:
@@ -158,13 +275,65 @@ class _Stream:
                 found.append(int(match["seq"]))
         return sorted(found)
 
-    def _read_cursor(self) -> tuple[int, int]:
+    def _read_meta(self) -> dict[str, Any]:
         try:
-            seq, offset = (self.dir / f"{self.name}.cursor").read_text().split()
-            return int(seq), int(offset)
+            meta = json.loads((self.dir / f"{self.name}.meta").read_bytes())
         except (OSError, ValueError):
-            segments = self.segments()
-            return (segments[0] if segments else 0), 0
+            return {}
+        if not isinstance(meta, dict) or not isinstance(meta.get("format", 1), int):
+            return {}
+        return meta
+
+    def write_meta(self, backend: str) -> None:
+        self.backend = backend
+        try:
+            (self.dir / f"{self.name}.meta").write_text(
+                json.dumps({"format": RECORD_FORMAT, "backend": backend}) + "\n")
+        except OSError as error:  # a full disk: the records still carry their checksums
+            _log.debug("otel_verl: could not write the log's meta file: %r", error)
+            return
+        self.sealed = True
+
+    def _read_cursor(self) -> tuple[int, int]:
+        """The saved cursor, checked against the segments; a damaged one falls back to the start
+        of its segment (or of the first one): spans may be sent twice, none is skipped."""
+        segments = self.segments()
+        first = (segments[0] if segments else 0, 0)
+        path = self.dir / f"{self.name}.cursor"
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:
+            return first
+        except OSError as error:
+            self.cursor_damage = f"unreadable ({error.strerror or error})"
+            return first
+        try:
+            seq, offset = (int(field) for field in text.split())
+        except ValueError:
+            self.cursor_damage = f"not a cursor ({text[:40]!r})"
+            return first
+        if not segments or seq < segments[0]:
+            return first  # what it pointed into was delivered and removed
+        if seq not in segments:
+            self.cursor_damage = f"past the last segment ({seq} > {segments[-1]})"
+            return first
+        if offset < 0:
+            self.cursor_damage = f"negative offset {offset}"
+            return seq, 0
+        try:
+            with open(self.segment(seq), "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if offset > size:
+                    self.cursor_damage = f"past the segment's size ({offset} > {size})"
+                    return seq, 0
+                if offset:
+                    handle.seek(offset - 1)
+                    if handle.read(1) != b"\n":
+                        self.cursor_damage = f"not at a record's start (offset {offset})"
+                        return seq, 0
+        except OSError:
+            return seq, 0  # the read tells (and retries)
+        return seq, offset
 
     def save_cursor(self, cursor: tuple[int, int]) -> None:
         self.cursor = cursor
@@ -182,7 +351,12 @@ class _Stream:
 
     def read(self, cursor: tuple[int, int], end: tuple[int, int] | None, max_bytes: int,
              max_lines: int) -> tuple[list[bytes], tuple[int, int]]:
-        """Whole lines from ``cursor`` (not past ``end``), within the limits (one line at least)."""
+        """Whole records from ``cursor`` (not past ``end``), within the limits (one at least).
+
+        With ``end`` None (a dead writer's log) a last line without its newline is returned too
+        (it is damage: the caller keeps it aside). Nothing is ever skipped: a segment that cannot
+        be read raises :class:`LogReadError` (when no record was read before it).
+        """
         lines: list[bytes] = []
         size = 0
         seq, offset = cursor
@@ -200,15 +374,19 @@ class _Stream:
                         if limit is not None and offset >= limit:
                             break
                         line = handle.readline()
-                        if not line.endswith(b"\n"):
-                            break  # the end, or a torn last line of a dead writer
+                        if not line:
+                            break
+                        if not line.endswith(b"\n") and end is not None:
+                            break  # a line being written (this process's own log)
                         if lines and size + len(line) > max_bytes:
                             return lines, (seq, offset)
                         lines.append(line)
                         size += len(line)
                         offset += len(line)
-            except OSError:
-                continue
+            except OSError as error:
+                if lines:
+                    return lines, (seq, offset)
+                raise LogReadError(self.segment(current), error) from error
             if len(lines) >= max_lines:
                 return lines, (seq, offset)
             if limit is not None:
@@ -237,6 +415,16 @@ class _Stream:
                 total += self.segment(seq).stat().st_size
         return total
 
+    def fully_read(self) -> bool:
+        """The cursor is at the end of the last segment (what ``remove`` may delete was read)."""
+        segments = self.segments()
+        if not segments:
+            return True
+        try:
+            return self.cursor >= (segments[-1], self.segment(segments[-1]).stat().st_size)
+        except OSError:
+            return False
+
     def remove_lock_only(self) -> None:
         if self.lock_fd is not None:
             with contextlib.suppress(OSError):
@@ -247,7 +435,7 @@ class _Stream:
         for seq in self.segments():
             with contextlib.suppress(OSError):
                 self.segment(seq).unlink()
-        for suffix in (".cursor", ".lock"):
+        for suffix in (".cursor", ".meta", ".lock"):
             with contextlib.suppress(OSError):
                 (self.dir / f"{self.name}{suffix}").unlink()
         if self.lock_fd is not None:
@@ -270,20 +458,31 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
-def adopt_streams(directory: Path, exclude: str | None = None) -> list[_Stream]:
-    """The logs under ``directory`` whose writer is gone (their locks are now held by the caller)."""
+def adopt_streams(directory: Path, exclude: str | None = None, backend: str | None = None,
+                  foreign: list[str] | None = None) -> list[_Stream]:
+    """The logs under ``directory`` whose writer is gone (their locks are now held by the caller).
+
+    With ``backend``, only logs written for that backend (or for an unrecorded one: format 1);
+    the names of the others go to ``foreign`` and their locks are let go."""
     names = set()
     for path in directory.glob("wal-*"):
         match = _SEGMENT.match(path.name)
         if match:
             names.add(match["stream"])
-        elif path.suffix in (".lock", ".cursor"):
+        elif path.suffix in (".lock", ".cursor", ".meta"):
             names.add(path.name[: -len(path.suffix)])
     streams = []
     for name in sorted(names - {exclude}):
         fd = _try_lock(directory / f"{name}.lock")
-        if fd is not None:
-            streams.append(_Stream(directory, name, fd))
+        if fd is None:
+            continue
+        stream = _Stream(directory, name, fd)
+        if backend is not None and stream.backend is not None and stream.backend != backend:
+            stream.remove_lock_only()
+            if foreign is not None:
+                foreign.append(name)
+            continue
+        streams.append(stream)
     return streams
 
 
@@ -308,6 +507,17 @@ class DurableSpanExporter(SpanExporter):
         max_overflow_bytes: while the log cannot be written (a full disk) and the backend does
             not answer, spans wait in memory up to this many bytes; beyond, they are lost
             (``spool_failed``).
+        backend_id: the backend's identity (:func:`backend_identity`), recorded beside this
+            process's log: a later process adopts only the logs written for its own backend.
+            Default: from the exporter's class and endpoint.
+        transform: applied to records written before redaction (:meth:`append_unredacted`,
+            also those an earlier process left) before they are sent; default: the last
+            transform given to ``append_unredacted``, else the default scrubber.
+
+    Damage: a record that fails its checksum or cannot be decoded is kept in ``damaged/``
+    (counted, ``log_damaged``, and reported); a segment that cannot be read (EIO, EMFILE, ...)
+    keeps its log on disk and is tried again (``log_read_errors``); a damaged cursor falls back to
+    the start of its segment (``log_cursor_resets``: spans may be sent twice, never skipped).
 
     ``stats()`` keys: see :mod:`otel_verl.exporters`.
     """
@@ -318,8 +528,11 @@ class DurableSpanExporter(SpanExporter):
                  max_batch_spans: int = 512, export_delay_s: float = 1.0,
                  retry_initial_s: float = 0.5, retry_max_s: float = 5.0,
                  shutdown_timeout_s: float = 5.0,
-                 max_overflow_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_overflow_bytes: int = 64 * 1024 * 1024, backend_id: str | None = None,
+                 transform: Callable[[ReadableSpan], ReadableSpan] | None = None) -> None:
         self.inner = inner
+        self.backend_id = backend_id or _default_identity(inner)
+        self.transform = transform
         self.directory = Path(directory).absolute()
         self.max_spool_bytes = max_spool_bytes
         self.max_request_bytes = max(4096, max_request_bytes)
@@ -334,7 +547,11 @@ class DurableSpanExporter(SpanExporter):
         self._max_hot_bytes = 4 * self.max_request_bytes
         self._counts: dict[str, int] = dict.fromkeys(
             ("spooled", "spool_failed", "delivered", "requests", "request_bytes", "retries",
-             "truncated", "quarantined", "dropped_spool_full", "recovered"), 0)
+             "truncated", "quarantined", "dropped_spool_full", "recovered", "spooled_unredacted",
+             "log_damaged", "log_read_errors", "log_cursor_resets"), 0)
+        self._default_transform: Callable[[ReadableSpan], ReadableSpan] | None = None
+        self._last_damage_warning = 0.0
+        self._warned_foreign: set[str] = set()
         self._warned_outage = False
         self._warned_disk = False
         self._last_budget_warning = 0.0
@@ -360,8 +577,12 @@ class DurableSpanExporter(SpanExporter):
         self._urgent = False  # nudge(): send what is pending now, not after export_delay_s
         self._stopping = False
         self._deadline: float | None = None
-        self._limit = self.max_batch_spans
+        self._last_failure = 0.0
+        self._accepted = 0  # requests the backend accepted (the evidence that it is up)
+        self._canary: ReadableSpan | None = None  # the last span it accepted: a probe
+        self._turn = 0  # round robin over the logs served (adopted ones and this process's own)
         self._strikes: dict[tuple[str, tuple[int, int]], int] = {}
+        self._strike_marks: dict[tuple[str, tuple[int, int]], int] = {}
         self._adopted: list[_Stream] = []
         self._next_adopt = 0.0
         self._overflow: collections.deque[tuple[list[bytes], list[ReadableSpan]]] = \
@@ -380,7 +601,7 @@ class DurableSpanExporter(SpanExporter):
         if self._stream is not None and self._stream.lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._stream.lock_fd)  # the parent keeps its lock
-        for stream in getattr(self, "_adopted", ()):
+        for stream in self._adopted:
             if stream.lock_fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(stream.lock_fd)
@@ -394,7 +615,10 @@ class DurableSpanExporter(SpanExporter):
         fd = _try_lock(self.directory / f"{name}.lock")
         if fd is None:
             raise OSError(errno.EAGAIN, f"cannot lock {name}.lock")
-        return _Stream(self.directory, name, fd)
+        stream = _Stream(self.directory, name, fd)
+        stream.limit = self.max_batch_spans
+        stream.write_meta(self.backend_id)
+        return stream
 
     def _open_segment(self) -> None:
         assert self._stream is not None
@@ -424,7 +648,7 @@ class DurableSpanExporter(SpanExporter):
                 self._count(spool_failed=1)
                 continue
             truncated += cut
-            lines.append(line)
+            lines.append(seal(line))
             fitted.append(span)
         self._count(truncated=truncated)
         if not lines:
@@ -441,6 +665,77 @@ class DurableSpanExporter(SpanExporter):
                 self._oldest_unsent = time.monotonic()
             self._cond.notify_all()
         return SpanExportResult.SUCCESS
+
+    def append_unredacted(self, spans: Sequence[ReadableSpan],
+                          transform: Callable[[ReadableSpan], ReadableSpan] | None) -> int:
+        """Write spans that ``transform`` (redaction) has not seen yet, fast (encode and append):
+        for a processor's shutdown that ran out of time. The records are flagged, and whoever
+        reads them back (this process's sender, the next process, a replay) applies the
+        transform before anything is sent; they are never sent as they are. With ``transform``
+        None there is nothing to redact and they are written as ready.
+
+        Returns:
+            how many spans are now in the log (or, where the log cannot be written, were
+            redacted here and handed to :meth:`export`).
+        """
+        if transform is not None:
+            self.transform = transform
+        if not spans:
+            return 0
+        raw = transform is not None
+        if self._closed:
+            return len(spans) if self.export(self._maybe_redacted(spans, transform)) \
+                is SpanExportResult.SUCCESS else 0
+        lines = []
+        for span in spans:
+            try:
+                _, line, _ = fit_span(span, self._max_span_bytes)
+            except Exception as exc:  # noqa: BLE001
+                _errors.internal_error(exc, "encoding a span for the log")
+                self._count(spool_failed=1)
+                continue
+            lines.append(seal(line, raw=raw))
+        if not lines:
+            return 0
+        try:
+            self._append(lines)  # not remembered as spans: the sender reads and redacts them
+        except OSError:  # the log cannot grow: redact now (slow) and go the way of export
+            return len(spans) if self.export(self._maybe_redacted(spans, transform)) \
+                is SpanExportResult.SUCCESS else 0
+        self._count(spooled=len(lines), spooled_unredacted=len(lines) if raw else 0)
+        with self._cond:
+            self._pending += len(lines)
+            if self._oldest_unsent is None:
+                self._oldest_unsent = time.monotonic()
+            self._urgent = True
+            self._cond.notify_all()
+        return len(lines)
+
+    def _maybe_redacted(self, spans: Sequence[ReadableSpan],
+                        transform: Callable[[ReadableSpan], ReadableSpan] | None
+                        ) -> list[ReadableSpan]:
+        return list(spans) if transform is None else self._redacted(list(spans), transform)
+
+    def _redacted(self, spans: list[ReadableSpan],
+                  transform: Callable[[ReadableSpan], ReadableSpan] | None) -> list[ReadableSpan]:
+        """``spans`` through ``transform`` (default: the log's); one it raises on is dropped
+        (``dropped_transform_failed``), never sent unredacted."""
+        if transform is None:
+            transform = self.transform
+        if transform is None:
+            if self._default_transform is None:
+                from otel_verl._scrub import Scrubber
+
+                self._default_transform = Scrubber(())
+            transform = self._default_transform
+        out = []
+        for span in spans:
+            try:
+                out.append(transform(span))
+            except Exception as exc:  # noqa: BLE001  # never send what could not be redacted
+                self._count(dropped_transform_failed=1)
+                _errors.internal_error(exc, "span transform raised on a logged span; dropped")
+        return out
 
     def _append(self, lines: list[bytes], spans: list[ReadableSpan] | None = None) -> None:
         data = b"".join(lines)
@@ -570,7 +865,7 @@ class DurableSpanExporter(SpanExporter):
                 while True:
                     if self._stopping and (self._deadline is None
                                            or time.monotonic() >= self._deadline
-                                           or (self._pending <= 0 and not self._adopted)):
+                                           or not self._busy()):
                         self._release_waiters(all_=True)
                         return
                     now = time.monotonic()
@@ -588,122 +883,220 @@ class DurableSpanExporter(SpanExporter):
             with self._cond:
                 self._release_waiters()
 
+    def _busy(self) -> bool:
+        """Something is left to deliver: this process's spans, or an adopted log that reads."""
+        return self._pending > 0 or any(not s.read_errors for s in self._adopted)
+
+    def _own_wait(self, now: float) -> float:
+        """Seconds until this process's own log should be sent from (inf: nothing to send)."""
+        if self._pending <= 0:
+            return math.inf
+        stream = self._stream
+        limit = stream.limit if stream is not None else self.max_batch_spans
+        blocked = stream.retry_at - now if stream is not None else 0.0
+        if self._pending >= limit or self._flush_waiters or self._stopping or self._urgent:
+            return max(0.0, blocked)
+        oldest = self._oldest_unsent or now
+        return max(oldest + self.export_delay_s - now, blocked)
+
     def _due(self, now: float, backoff: float) -> float:
         """Seconds until the sender should try (<= 0: now)."""
         if backoff:
-            last = getattr(self, "_last_failure", 0.0)
-            left = last + backoff - now
+            left = self._last_failure + backoff - now
             if left > 0:
                 return left
-        if self._adopted or now >= self._next_adopt:
+        if now >= self._next_adopt:
             return 0.0
-        if self._pending <= 0:
-            return max(0.05, self._next_adopt - now) if not self._stopping else 0.05
-        if self._pending >= self._limit or self._flush_waiters or self._stopping or self._urgent:
-            return 0.0
-        oldest = self._oldest_unsent or now
-        return oldest + self.export_delay_s - now
+        waits = [self._own_wait(now), self._next_adopt - now]
+        waits.extend(s.retry_at - now for s in self._adopted)
+        wait = min(waits)
+        return wait if wait <= 0 or not self._stopping else min(wait, 0.05)
 
     def _release_waiters(self, all_: bool = False) -> None:
         if self._pending <= 0:
             self._urgent = False
-        if all_ or (self._pending <= 0 and not self._adopted):
+        if all_ or not self._busy():
             for event in self._flush_waiters:
                 event.set()
             self._flush_waiters = []
 
+    def _adopt(self) -> None:
+        """Take the logs that dead processes left for this backend (every 30 s)."""
+        if not self.directory.is_dir():
+            return
+        own = self._stream.name if self._stream is not None else None
+        known = {s.name for s in self._adopted}
+        foreign: list[str] = []
+        for stream in adopt_streams(self.directory, exclude=own, backend=self.backend_id,
+                                    foreign=foreign):
+            if stream.name in known:
+                stream.remove_lock_only()
+                continue
+            stream.limit = self.max_batch_spans
+            if stream.cursor_damage:
+                self._count(log_cursor_resets=1)
+                _log.warning("otel_verl: the delivery cursor of %s in %s is damaged (%s); its "
+                             "log is delivered from the start of the segment (spans may arrive "
+                             "twice)", stream.name, self.directory, stream.cursor_damage)
+            pending = stream.pending_lines()
+            if pending:
+                _log.warning("otel_verl: delivering %d span(s) left in %s by an earlier "
+                             "process", pending, self.directory)
+            self._adopted.append(stream)
+        new = sorted(set(foreign) - self._warned_foreign)
+        if new:
+            self._warned_foreign.update(new)
+            _log.warning("otel_verl: %d log(s) in %s were written for another backend; they are "
+                         "left for it (or `otel-verl traces replay %s`)", len(new),
+                         self.directory, self.directory)
+
     def _send_once(self) -> tuple[bool, bool]:
-        """One request from an adopted log or this process's own; (delivered, failed)."""
+        """One request, taking turns between the adopted logs and this process's own (so that no
+        log, however stuck, holds back the others); (delivered, failed)."""
         if self._overflow:
             return self._send_overflow()
         now = time.monotonic()
         if now >= self._next_adopt:
             self._next_adopt = now + 30.0
-            if self.directory.is_dir():
-                own = self._stream.name if self._stream is not None else None
-                known = {s.name for s in self._adopted}
-                for stream in adopt_streams(self.directory, exclude=own):
-                    if stream.name in known:
-                        stream.remove_lock_only()
-                        continue
-                    pending = stream.pending_lines()
-                    if pending:
-                        _log.warning("otel_verl: delivering %d span(s) left in %s by an earlier "
-                                     "process", pending, self.directory)
-                    self._adopted.append(stream)
-        if self._adopted:
-            stream = self._adopted[0]
-            result = self._send_from(stream, None, recovered=True)
-            if result is None:  # that log is delivered
-                stream.remove()
-                self._adopted.pop(0)
-                return False, False
-            return result, not result
+            self._adopt()
         mine = self._stream
-        end = self._write_end()
-        if mine is None or end is None or self._pending <= 0:
+        ready: list[_Stream] = [s for s in self._adopted if s.retry_at <= now]
+        if mine is not None and self._own_wait(now) <= 0:
+            ready.append(mine)
+        if not ready:
             return False, False
-        result = self._send_from(mine, end, recovered=False)
-        if result is None:
-            with self._cond:
-                self._pending = sum(len(lines) for lines, _ in self._overflow)
-                self._oldest_unsent = None if not self._pending else self._oldest_unsent
-            return False, False
-        return result, not result
+        stream = ready[self._turn % len(ready)]
+        self._turn += 1
+        if stream is mine:
+            end = self._write_end()
+            if end is None:
+                return False, False
+            result = self._send_from(mine, end, recovered=False)
+            if result == _EMPTY:
+                with self._cond:
+                    self._pending = sum(len(lines) for lines, _ in self._overflow)
+                    self._oldest_unsent = None if not self._pending else self._oldest_unsent
+        else:
+            result = self._send_from(stream, None, recovered=True)
+            if result == _EMPTY:  # that log is delivered (what it held was read, every line)
+                self._adopted.remove(stream)
+                if stream.fully_read():
+                    stream.remove()
+                else:
+                    stream.remove_lock_only()
+                    _log.warning("otel_verl: the log %s in %s could not be read to its end; it "
+                                 "is kept", stream.name, self.directory)
+        return result == _SENT, result == _FAILED
+
+    def _spans_of(self, stream: _Stream, lines: list[bytes], keep: bool = True
+                  ) -> list[ReadableSpan]:
+        """The spans of ``lines`` (records not yet redacted are redacted here); a damaged record
+        is kept aside in ``damaged/`` (with ``keep``), counted and reported, never sent.
+
+        Raises:
+            LogReadError: a damaged record could not be kept aside (the log stays as it is).
+        """
+        spans: list[ReadableSpan] = []
+        for line in lines:
+            body, raw = unseal(line, stream.sealed)
+            decoded = _decode_line(body) if body is not None else None
+            if decoded is None:
+                if keep:
+                    self._keep_damaged(stream, line)
+                continue
+            spans.extend(self._redacted(decoded, None) if raw else decoded)
+        return spans
+
+    def _keep_damaged(self, stream: _Stream, line: bytes) -> None:
+        path = keep_damaged(self.directory, stream.name, line)
+        self._count(log_damaged=1)
+        now = time.monotonic()
+        if now - self._last_damage_warning > 20.0:
+            self._last_damage_warning = now
+            _log.warning("otel_verl: a damaged record in the log %s (a checksum that does not "
+                         "match, or not OTLP/JSON) is kept in %s and not sent (%d so far)",
+                         stream.name, path, self._counts["log_damaged"])
+
+    def _read_failed(self, stream: _Stream, error: LogReadError) -> None:
+        stream.read_errors += 1
+        self._count(log_read_errors=1)
+        delay = min(60.0, max(0.05, self.retry_initial_s) * 2 ** min(stream.read_errors - 1, 10))
+        stream.retry_at = time.monotonic() + delay
+        if stream.read_errors in (1, 10) or stream.read_errors % 100 == 0:
+            _log.warning("otel_verl: %s (attempt %d); the log is kept and read again in %.1f s, "
+                         "the other logs are delivered meanwhile", error, stream.read_errors,
+                         delay)
 
     def _send_from(self, stream: _Stream, end: tuple[int, int] | None,
-                   recovered: bool) -> bool | None:
-        """Send one request from ``stream``; None when it has nothing left, else success."""
-        hot = None if recovered else self._take_hot(stream.cursor, end)
+                   recovered: bool) -> str:
+        """Send one request from ``stream``: ``_EMPTY`` (nothing left), ``_SENT``, ``_FAILED``
+        (the backend did not accept it) or ``_BLOCKED`` (the log cannot be read now)."""
+        hot = None if recovered else self._take_hot(stream, end)
         if hot is not None:
             spans, after, size = hot
-            lines = [b""] * len(spans)  # only their number counts below
+            count = len(spans)
+            lines: list[bytes] = []
         else:
-            lines, after = stream.read(stream.cursor, end,
-                                       self.max_request_bytes - _REQUEST_OVERHEAD, self._limit)
-            if not lines:
-                return None
-            spans = _decode(lines)
+            try:
+                lines, after = stream.read(stream.cursor, end, self._max_span_bytes,
+                                           stream.limit)
+                if not lines:
+                    return _EMPTY
+                spans = self._spans_of(stream, lines)
+            except LogReadError as error:
+                self._read_failed(stream, error)
+                return _BLOCKED
+            if stream.read_errors:
+                _log.warning("otel_verl: the log %s reads again after %d failed attempt(s)",
+                             stream.name, stream.read_errors)
+                stream.read_errors = 0
+            count = len(lines)
             size = sum(len(line) for line in lines)
         ok = True
         if spans:
             with self._send_lock:
                 ok = call_export(self.inner, spans)
-        self._backend_up = ok
+            self._backend_up = ok
         if ok:
-            self._count(delivered=len(spans), requests=1, request_bytes=size)
-            if recovered:
-                self._count(recovered=len(spans))
+            if spans:
+                self._accepted += 1
+                self._canary = spans[-1]
+                self._count(delivered=len(spans), requests=1, request_bytes=size)
+                if recovered:
+                    self._count(recovered=len(spans))
             with self._cond:
                 stream.save_cursor(max(after, stream.cursor))
                 if not recovered:
-                    self._pending -= len(lines)
+                    self._pending -= count
                     self._oldest_unsent = time.monotonic() if self._pending > 0 else None
-            self._limit = min(self.max_batch_spans, self._limit * 2)
-            if self._warned_outage:
+            stream.limit = min(self.max_batch_spans, stream.limit * 2)
+            if self._warned_outage and spans:
                 self._warned_outage = False
                 _log.warning("otel_verl: the backend accepts spans again; delivering the log")
-            return True
+            return _SENT
         self._count(retries=1)
         if hot is not None:
-            lines, _ = stream.read(stream.cursor, end, self.max_request_bytes - _REQUEST_OVERHEAD,
-                                   len(spans))
+            try:
+                lines, _ = stream.read(stream.cursor, end, self._max_span_bytes, len(spans))
+            except LogReadError:
+                lines = []
         if not self._warned_outage:
             self._warned_outage = True
             _log.warning("otel_verl: the backend did not accept %d span(s); they wait in %s and "
                          "are retried (replay by hand: `otel-verl traces replay %s`)",
                          len(spans), self.directory, self.directory)
         if len(lines) > 1:
-            self._limit = max(1, len(lines) // 2)  # find a span the backend refuses, if any
-            return False
+            stream.limit = max(1, len(lines) // 2)  # find a span the backend refuses, if any
+            return _FAILED
         if lines:
             self._probe(stream, end, lines[0], after, recovered)
-        return False
+        return _FAILED
 
-    def _take_hot(self, cursor: tuple[int, int], end: tuple[int, int] | None
+    def _take_hot(self, stream: _Stream, end: tuple[int, int] | None
                   ) -> tuple[list[ReadableSpan], tuple[int, int], int] | None:
         """The next request from memory when the cursor is where the remembered spans start."""
-        limit = self.max_request_bytes - _REQUEST_OVERHEAD
+        limit = self._max_span_bytes
+        cursor = stream.cursor
         with self._write_lock:
             hot = self._hot
             while hot and (hot[0][0], hot[0][1]) < cursor:
@@ -714,7 +1107,7 @@ class DurableSpanExporter(SpanExporter):
             size = 0
             seq, offset = cursor
             for entry_seq, entry_offset, nbytes, span in hot:
-                if len(spans) >= self._limit or (spans and size + nbytes > limit):
+                if len(spans) >= stream.limit or (spans and size + nbytes > limit):
                     break
                 if (entry_seq, entry_offset) != (seq, offset) or (
                         end is not None and (entry_seq, entry_offset + nbytes) > end):
@@ -728,27 +1121,44 @@ class DurableSpanExporter(SpanExporter):
 
     def _probe(self, stream: _Stream, end: tuple[int, int] | None, line: bytes,
                after: tuple[int, int], recovered: bool) -> None:
-        """One span fails alone: if the next one goes through, the backend is up and refuses
-        this one; after a few such strikes it is quarantined (kept on disk, not retried)."""
-        nxt, _ = stream.read(after, end, self.max_request_bytes, 1)
-        if not nxt:
-            return
-        spans = _decode(nxt)
-        with self._send_lock:
-            if not spans or not call_export(self.inner, spans):
-                return  # an outage, not a bad span
+        """One span fails alone. If the backend accepted another request since this span last
+        failed (from any log: they take turns), or accepts the next span now (where there is
+        none, as for the last span of a dead process's log: the last span it accepted, sent
+        again), it is up and refuses this one; after a few such strikes the span is quarantined
+        (kept on disk, not retried)."""
         key = (stream.name, stream.cursor)
+        mark = self._strike_marks.get(key)
+        evidence = mark is not None and self._accepted > mark
+        if not evidence:
+            try:
+                nxt, _ = stream.read(after, end, self._max_span_bytes, 1)
+                spans = self._spans_of(stream, nxt, keep=False) if nxt else []
+            except LogReadError:
+                spans = []
+            if not spans and self._canary is not None:
+                spans = [self._canary]  # no next span: one the backend accepted before (again)
+            if spans:
+                with self._send_lock:
+                    evidence = call_export(self.inner, spans)
+                if evidence:
+                    self._accepted += 1
+        self._strike_marks[key] = self._accepted
+        if not evidence:
+            return  # an outage, not a bad span (as far as anything shows)
         self._strikes[key] = strikes = self._strikes.get(key, 0) + 1
         if strikes < _STRIKES_TO_QUARANTINE:
             return
         del self._strikes[key]
+        self._strike_marks.pop(key, None)
         quarantine = self.directory / "quarantine"
         try:
             quarantine.mkdir(exist_ok=True)
             with open(quarantine / f"{stream.name}.jsonl", "ab") as handle:
-                handle.write(line)
-        except OSError:
-            pass
+                handle.write(line if line.endswith(b"\n") else line + b"\n")
+        except OSError as error:
+            _log.warning("otel_verl: cannot quarantine a refused span in %s (%r); it stays in "
+                         "the log and is retried", quarantine, error)
+            return
         self._count(quarantined=1)
         _log.warning("otel_verl: the backend refuses one span while accepting others; it is "
                      "kept in %s and not retried", quarantine)
@@ -771,7 +1181,7 @@ class DurableSpanExporter(SpanExporter):
             return self._pending <= 0
         event = threading.Event()
         with self._cond:
-            if self._pending <= 0 and not self._adopted:
+            if not self._busy():
                 return True
             self._flush_waiters.append(event)
             self._cond.notify_all()
@@ -871,15 +1281,30 @@ def _count_lines(path: Path, offset: int) -> int:
         return 0
 
 
-def _decode(lines: list[bytes]) -> list[ReadableSpan]:
-    spans = []
-    for line in lines:
-        try:
-            for span in _otlp_json.iter_spans(_otlp_json.decode_line(line)):
-                spans.append(_otlp_json.readable_span(span))
-        except (ValueError, TypeError, KeyError) as error:
-            _log.debug("otel_verl: skipped a bad log line: %r", error)
-    return spans
+def _decode_line(line: bytes) -> list[ReadableSpan] | None:
+    """The spans of one OTLP/JSON line, or None when it is not one (damage)."""
+    try:
+        return [_otlp_json.readable_span(span)
+                for span in _otlp_json.iter_spans(_otlp_json.decode_line(line))]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def keep_damaged(directory: Path, stream: str, line: bytes) -> Path:
+    """Append a damaged record to ``<directory>/damaged/<stream>.damaged`` (kept as it was read;
+    not a store file, so no reader takes it for spans).
+
+    Raises:
+        LogReadError: it could not be written (then the log must keep it where it is).
+    """
+    path = directory / "damaged" / f"{stream}.damaged"
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "ab") as handle:
+            handle.write(line if line.endswith(b"\n") else line + b"\n")
+    except OSError as error:
+        raise LogReadError(path, error) from error
+    return path
 
 
 def _reinit_after_fork() -> None:
@@ -897,7 +1322,8 @@ if hasattr(os, "register_at_fork"):
 
 def replay(spool_dir: str | os.PathLike[str], exporter: SpanExporter, *, batch_size: int = 512,
            max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, remove: bool = False,
-           progress: Callable[[int], None] | None = None) -> tuple[int, int]:
+           progress: Callable[[int], None] | None = None,
+           transform: Callable[[ReadableSpan], ReadableSpan] | None = None) -> tuple[int, int]:
     """Send what a log (or any local-store directory/file) holds through ``exporter``.
 
     Logs of live processes are left alone (their process delivers them). A log is replayed from
@@ -912,6 +1338,11 @@ def replay(spool_dir: str | os.PathLike[str], exporter: SpanExporter, *, batch_s
         max_request_bytes: request size bound (OTLP/JSON bytes of its spans).
         remove: delete a log (or file) once all of it was accepted.
         progress: called with the number of spans sent after each request.
+        transform: applied to records written before redaction (default: the default
+            scrubber); they are never sent as they are.
+
+    A damaged record is kept in ``damaged/`` and counted as failed; a log that cannot be read
+    is kept (its spans counted as failed) and never removed.
 
     Returns:
         (spans sent, spans that failed).
@@ -920,13 +1351,44 @@ def replay(spool_dir: str | os.PathLike[str], exporter: SpanExporter, *, batch_s
     sent = failed = 0
     limit = max(4096, max_request_bytes) - _REQUEST_OVERHEAD
     if path.is_dir():
+        redact = transform
         for stream in adopt_streams(path):
+            if stream.cursor_damage:
+                _log.warning("otel_verl: the delivery cursor of %s is damaged (%s); replaying "
+                             "from the start of its segment", stream.name, stream.cursor_damage)
             ok = True
             while ok:
-                lines, after = stream.read(stream.cursor, None, limit, batch_size)
+                try:
+                    lines, after = stream.read(stream.cursor, None, limit, batch_size)
+                    spans: list[ReadableSpan] = []
+                    for line in lines:
+                        body, raw = unseal(line, stream.sealed)
+                        decoded = _decode_line(body) if body is not None else None
+                        if decoded is None:
+                            keep_damaged(path, stream.name, line)
+                            failed += 1
+                            _log.warning("otel_verl: a damaged record in %s is kept in %s",
+                                         stream.name, path / "damaged")
+                            continue
+                        if raw:
+                            if redact is None:
+                                from otel_verl._scrub import Scrubber
+
+                                redact = Scrubber(())
+                            try:
+                                decoded = [redact(span) for span in decoded]
+                            except Exception as exc:  # noqa: BLE001  # never sent unredacted
+                                _errors.internal_error(exc, "replay: a span could not be redacted")
+                                failed += len(decoded)
+                                continue
+                        spans.extend(decoded)
+                except LogReadError as error:
+                    _log.warning("otel_verl: %s; the log is kept", error)
+                    failed += stream.pending_lines()
+                    ok = False
+                    break
                 if not lines:
                     break
-                spans = _decode(lines)
                 ok = call_export(exporter, spans) if spans else True
                 if ok:
                     sent += len(spans)
@@ -935,13 +1397,13 @@ def replay(spool_dir: str | os.PathLike[str], exporter: SpanExporter, *, batch_s
                         progress(len(spans))
                 else:
                     failed += stream.pending_lines()
-            if ok and remove:
+            if ok and remove and stream.fully_read():
                 stream.remove()
-            elif stream.lock_fd is not None:
-                os.close(stream.lock_fd)
-                stream.lock_fd = None
+            else:
+                stream.remove_lock_only()
         files = [p for p in sorted(path.rglob("*.jsonl")) + sorted(path.rglob("*.json"))
-                 if not _SEGMENT.match(p.name) and "quarantine" not in p.parts]
+                 if not _SEGMENT.match(p.name) and "quarantine" not in p.parts
+                 and "damaged" not in p.parts]
     else:
         files = [path]
     for file in files:

@@ -32,6 +32,7 @@ class Switchable(SpanExporter):
         self.up = up
         self.refuse = refuse
         self.requests: list[list[str]] = []
+        self.spans: list = []
         self.sizes: list[int] = []
         self.suppressed: list[bool] = []
         self.lock = threading.Lock()
@@ -42,6 +43,7 @@ class Switchable(SpanExporter):
             return SpanExportResult.FAILURE
         with self.lock:
             self.requests.append([f"{s.context.span_id:016x}" for s in spans])
+            self.spans.extend(spans)
             self.sizes.append(len(_otlp_json.encode_line(spans)))
         return SpanExportResult.SUCCESS
 
@@ -372,3 +374,180 @@ def test_stats_include_the_backend_exporters_own_counters(tmp_path):
     tracer, processor, durable = pipeline(Broken(), tmp_path / "b")
     assert durable.stats()["spooled"] == 0  # a broken stats() of the backend costs only its keys
     processor.shutdown()
+
+
+# --- damaged, poisoned and shared logs (issue 25, items 1-5) -------------------------------------
+
+def _dead_log(directory, n, poison_last=False):
+    """A log a dead process left: ``n`` spans (and a refused one last), the backend down."""
+    down = Switchable(up=False)
+    tracer, processor, _ = pipeline(down, directory)
+    ids = record(tracer, n, prefix="dead")
+    if poison_last:
+        tracer.start_span("poison").end()
+    assert processor.force_flush_to_exporter(10)
+    processor.shutdown(timeout_millis=300)
+    return ids
+
+
+def test_a_refused_last_line_of_a_dead_log_is_quarantined_and_blocks_nobody(tmp_path):
+    old = _dead_log(tmp_path, 20, poison_last=True)
+    inner = Switchable(refuse=lambda span: span.name == "poison")
+    tracer, processor, durable = pipeline(inner, tmp_path)
+    mine = record(tracer, 100, prefix="own")
+    assert wait_for(lambda: inner.ids() >= old | mine)
+    assert wait_for(lambda: durable.stats()["quarantined"] == 1)
+    assert [s["name"] for s in read_spans(tmp_path / "quarantine")] == ["poison"]
+    processor.shutdown()
+    assert not list(tmp_path.glob("wal-*.jsonl"))
+
+
+@pytest.mark.parametrize("damage", ["past-last-segment", "past-size", "negative", "garbage",
+                                    "mid-record"])
+def test_a_damaged_cursor_falls_back_to_the_segment_start(tmp_path, damage):
+    ids = _dead_log(tmp_path, 30)
+    (segment,) = tmp_path.glob("wal-*.jsonl")
+    cursor_file = segment.with_name(segment.name.rsplit("-", 1)[0] + ".cursor")
+    seq = int(segment.stem.rsplit("-", 1)[1])
+    cursor_file.write_text({"past-last-segment": f"{seq + 5} 0", "past-size": f"{seq} 99999999",
+                            "negative": f"{seq} -40", "garbage": "\x00\xff!",
+                            "mid-record": f"{seq} 7"}[damage])
+    inner = Switchable()
+    _, processor, durable = pipeline(inner, tmp_path)
+    assert wait_for(lambda: inner.ids() >= ids)
+    assert durable.stats()["log_cursor_resets"] == 1
+    processor.shutdown()
+
+
+def test_damaged_records_are_kept_counted_and_never_delivered_altered(tmp_path):
+    ids = _dead_log(tmp_path, 10)
+    (segment,) = tmp_path.glob("wal-*.jsonl")
+    lines = segment.read_bytes().splitlines(keepends=True)
+    # a flip that keeps the JSON valid (a digit of the start time), and a garbage line
+    flipped = lines[3].replace(b'"startTimeUnixNano":"1', b'"startTimeUnixNano":"2', 1)
+    assert flipped != lines[3]
+    lines[3] = flipped
+    lines.insert(5, b"garbage\n")
+    segment.write_bytes(b"".join(lines))
+    inner = Switchable()
+    _, processor, durable = pipeline(inner, tmp_path)
+    assert wait_for(lambda: durable.stats()["log_damaged"] == 2)
+    assert wait_for(lambda: len(inner.ids() & ids) == 9)  # the altered one is not delivered
+    assert len(inner.spans) == 9
+    kept = list((tmp_path / "damaged").glob("*.damaged"))
+    assert len(kept) == 1 and kept[0].read_bytes().count(b"\n") == 2
+    processor.shutdown()
+
+
+def test_an_unreadable_segment_keeps_its_log_and_is_retried(tmp_path, monkeypatch):
+    ids = _dead_log(tmp_path, 25)
+    real_open = open
+    fails = {"n": 0}
+
+    def flaky_open(file, mode="r", *args, **kwargs):
+        if str(file).endswith(".jsonl") and "wal-" in str(file) and fails["n"] < 3:
+            fails["n"] += 1
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", flaky_open)
+    inner = Switchable()
+    _, processor, durable = pipeline(inner, tmp_path)
+    assert wait_for(lambda: inner.ids() >= ids)
+    assert durable.stats()["log_read_errors"] >= 1
+    processor.shutdown()
+
+
+def test_records_carry_a_checksum_and_format_1_lines_still_read():
+    line = b'{"resourceSpans":[]}\n'
+    record_ = _spool.seal(line)
+    assert _spool.unseal(record_, sealed_stream=True) == (line, False)
+    assert _spool.unseal(_spool.seal(line, raw=True), sealed_stream=True) == (line, True)
+    assert _spool.unseal(line, sealed_stream=False) == (line, False)  # an old log
+    assert _spool.unseal(line, sealed_stream=True) == (None, False)
+    json.loads(record_)  # still one OTLP/JSON line for the store's readers
+
+
+def test_a_format_1_log_left_by_an_older_version_is_delivered(tmp_path):
+    ids = _dead_log(tmp_path, 12)
+    for meta in tmp_path.glob("wal-*.meta"):
+        meta.unlink()
+    for segment in tmp_path.glob("wal-*.jsonl"):
+        lines = segment.read_bytes().splitlines(keepends=True)
+        segment.write_bytes(b"".join(_spool.unseal(line, True)[0] for line in lines))
+    inner = Switchable()
+    _, processor, durable = pipeline(inner, tmp_path)
+    assert wait_for(lambda: inner.ids() >= ids)
+    assert durable.stats()["log_damaged"] == 0
+    processor.shutdown()
+
+
+def test_a_log_written_for_another_backend_is_not_adopted(tmp_path):
+    down = Switchable(up=False)
+    durable = DurableSpanExporter(down, tmp_path, backend_id="team-a", shutdown_timeout_s=0.2)
+    processor = BoundedBatchProcessor(durable, schedule_delay_s=0.02)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    ids = record(provider.get_tracer("t"), 8)
+    assert processor.force_flush_to_exporter(10)
+    processor.shutdown(timeout_millis=300)
+    other = Switchable()
+    durable_b = DurableSpanExporter(other, tmp_path, backend_id="team-b", export_delay_s=0.05)
+    time.sleep(0.5)
+    assert other.ids() == set() and durable_b.stats()["recovered"] == 0
+    durable_b.shutdown()
+    mine = Switchable()
+    durable_a = DurableSpanExporter(mine, tmp_path, backend_id="team-a", export_delay_s=0.05)
+    assert wait_for(lambda: mine.ids() >= ids)
+    durable_a.shutdown()
+
+
+def test_log_dir_names_are_collision_free_and_hold_no_credentials():
+    base = "http://collector.example.com:4318/" + "a" * 120
+    one, two = _spool.log_dir_name("otlp-http", base + "/team-one"), \
+        _spool.log_dir_name("otlp-http", base + "/team-two")
+    assert one != two and len(one) <= 100
+    for endpoint in ("http://user:hunter2@host:4318/v1/traces", "http://host:4318?api_key=K3Y",
+                     "https://host/sk-abcdefghijklmnopqrstuvwx/v1/traces#frag"):
+        name = _spool.log_dir_name("otlp-http", endpoint)
+        assert "host" in name
+        for secret in ("user", "hunter2", "api_key", "K3Y", "sk-", "abcdefghij", "frag"):
+            assert secret not in name, (secret, name)
+    assert _spool.log_dir_name("otlp-http", "http://u:a@h:1") != \
+        _spool.log_dir_name("otlp-http", "http://u:b@h:1")
+
+
+def test_shutdown_that_runs_out_of_time_hands_the_queue_to_the_log_unredacted(tmp_path):
+    def slow_redact(span):
+        time.sleep(0.05)
+        return _redact_secret(span)
+
+    inner = Switchable()
+    durable = DurableSpanExporter(inner, tmp_path, export_delay_s=0.05, shutdown_timeout_s=0.1)
+    processor = BoundedBatchProcessor(durable, schedule_delay_s=0.02, transform=slow_redact)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    ids = set()
+    for i in range(200):
+        span = tracer.start_span(f"s{i}", attributes={"secret": "SECRET"})
+        span.end()
+        ids.add(f"{span.get_span_context().span_id:016x}")
+    processor.shutdown(timeout_millis=300)
+    stats = processor.stats()
+    assert stats.get("abandoned_at_shutdown", 0) == 0
+    assert stats["kept_in_log_at_shutdown"] > 0
+    # the next process (whose log knows the provider's transform) delivers them, redacted
+    durable2 = DurableSpanExporter(inner, tmp_path, export_delay_s=0.05, transform=_redact_secret)
+    assert wait_for(lambda: inner.ids() >= ids, 20)
+    assert all(s.attributes.get("secret") == "[REDACTED]" for s in inner.spans)
+    durable2.shutdown()
+
+
+def _redact_secret(span):
+    from otel_verl._spool import _replace
+
+    attributes = dict(span.attributes or {})
+    if attributes.get("secret") == "SECRET":
+        attributes["secret"] = "[REDACTED]"
+    return _replace(span, attributes, list(span.events))
