@@ -27,6 +27,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -35,10 +36,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from otel_verl import semconv
 from otel_verl.store import (
@@ -49,9 +50,14 @@ from otel_verl.store import (
     spans_from_otlp_json,
 )
 
-__all__ = ["TRAJECTORY_COLUMNS", "IndexStats", "StoreIndex", "default_index_path"]
+__all__ = ["TRAJECTORY_COLUMNS", "BadRequest", "IndexStats", "StoreIndex", "default_index_path"]
 
-SCHEMA_VERSION = "3"
+_logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "4"
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: bytes of a file's head and of the stretch before the indexed offset that identify its content
+_PRINT = 4096
 #: the attribute the tail sampler sets: how many trajectories this one stands for
 SAMPLING_WEIGHT = semconv.ROLLOUT_SAMPLING_WEIGHT
 _EXCEPTION_TYPE = "exception.type"
@@ -100,7 +106,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS files (
     path TEXT PRIMARY KEY, file_id INTEGER UNIQUE, offset INTEGER, size INTEGER, head TEXT,
-    lines INTEGER, bad_lines INTEGER, bad_spans INTEGER, pending_bytes INTEGER);
+    lines INTEGER, bad_lines INTEGER, bad_spans INTEGER, pending_bytes INTEGER,
+    dev INTEGER, ino INTEGER, mtime_ns INTEGER, tail TEXT);
 CREATE TABLE IF NOT EXISTS spans (
     trace_id TEXT, span_id TEXT, parent TEXT, name TEXT, start_ns INTEGER, end_ns INTEGER,
     status TEXT, status_message TEXT, data TEXT,
@@ -149,7 +156,31 @@ class _FileState:
     bad_lines: int = 0
     bad_spans: int = 0
     pending_bytes: int = 0
+    #: identity: device and inode (a renamed file keeps them), the last stat's mtime, and a hash
+    #: of the bytes just before ``offset`` (a file rewritten in place changes them)
+    dev: int = 0
+    ino: int = 0
+    mtime_ns: int = 0
+    tail: str = ""
     problems: list[str] = field(default_factory=list)
+
+    def row(self) -> tuple[Any, ...]:
+        return (self.path, self.file_id, self.offset, self.size, self.head, self.lines,
+                self.bad_lines, self.bad_spans, self.pending_bytes, self.dev, self.ino,
+                self.mtime_ns, self.tail)
+
+
+_FILE_COLUMNS = ("path, file_id, offset, size, head, lines, bad_lines, bad_spans, "
+                 "pending_bytes, dev, ino, mtime_ns, tail")
+
+
+class BadRequest(ValueError):
+    """A query the index cannot answer as asked (an integer beyond 64 bits, a page past the
+    end of any table): the caller's mistake, to be answered 400, not 500."""
+
+
+class _Damaged(Exception):
+    """The index file disagrees with itself or with the store: rebuild it."""
 
 
 def default_index_path(trace_dir: str | os.PathLike[str]) -> Path:
@@ -165,29 +196,68 @@ def default_index_path(trace_dir: str | os.PathLike[str]) -> Path:
     return Path.home() / ".cache" / "otel_verl" / "index" / f"{digest}.sqlite3"
 
 
-def _head(path: str) -> str:
-    """A fingerprint of a file's first bytes: a replaced file (same name) gets a new one."""
+def _fingerprints(path: str, offset: int) -> tuple[str, str]:
+    """Hashes of a file's first bytes and of the bytes just before ``offset`` (the end of what
+    was indexed). Every file of one producer starts alike, so the head alone says little; the
+    stretch before the offset changes when a file is rewritten or regrown in place."""
     try:
         with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read(256)).hexdigest()[:16]
+            head = handle.read(_PRINT)
+            start = max(0, offset - _PRINT)
+            handle.seek(start)
+            tail = handle.read(offset - start)
     except OSError:
-        return ""
+        return "", ""
+    if len(tail) != offset - max(0, offset - _PRINT):
+        return hashlib.sha256(head).hexdigest()[:16], "short"
+    return (hashlib.sha256(head).hexdigest()[:16],
+            hashlib.sha256(tail).hexdigest()[:16] + f":{offset}")
+
+
+def _sql_int(value: Any) -> int | None:
+    """An integer SQLite can store (64 bits), else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
+def _clamp(value: int) -> int:
+    """A sum held within 64 bits (hostile token counts must not overflow a column)."""
+    return min(max(value, _INT64_MIN), _INT64_MAX)
+
+
+def _clean(text: str) -> str:
+    """``text`` encodable as UTF-8 (lone surrogates, valid in JSON, are not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _text(value: Any, limit: int = 500) -> str | None:
+    """A value as text for a TEXT column (None stays None)."""
+    return None if value is None else _clean(_snippet(value, limit))
 
 
 def _snippet(text: Any, limit: int = _SNIPPET) -> str:
     if text is None:
         return ""
     if not isinstance(text, str):
-        text = json.dumps(text, ensure_ascii=False, default=str)
+        try:
+            text = json.dumps(text, ensure_ascii=False, default=str)
+        except (RecursionError, ValueError):  # nested too deeply, an integer too long
+            text = f"<{type(text).__name__} not shown>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _json_or_none(text: Any) -> Any:
+    """A payload's JSON value, None when it is not JSON (or nested past the parser's limit)."""
     if not isinstance(text, str):
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -306,12 +376,13 @@ def _compact(span: dict[str, Any]) -> tuple[Any, ...]:
     if text:
         data["t"] = text
     return (
-        span["trace_id"], span["span_id"], span["parent_span_id"], span["name"], span["start_ns"],
-        span["end_ns"], span["status"]["code"], _snippet(span["status"]["message"], 500),
-        _dumps(data),
+        span["trace_id"], span["span_id"], span["parent_span_id"], _text(span["name"], 1000),
+        _sql_int(span["start_ns"]), _sql_int(span["end_ns"]), _text(span["status"]["code"], 20),
+        _text(span["status"]["message"], 500), _dumps(data),
     )
 
 
+#: the index's own JSON (ASCII: lone surrogates travel escaped)
 _dumps = json.JSONEncoder(default=str, separators=(",", ":")).encode
 
 
@@ -348,13 +419,18 @@ def is_tool_span(span: dict[str, Any]) -> bool:
 
 
 def _number(value: Any) -> float | None:
+    """A finite float (None for anything else, integers too large for a float included)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(float(value)) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return _sql_int(value)
 
 
 def reward_label(trajectory: Trajectory) -> str | None:
@@ -391,7 +467,7 @@ def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
     tokens_in = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_INPUT_TOKENS)) or 0 for s in llm)
     tokens_out = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)) or 0
                      for s in llm)
-    llm_ns = sum((s["end_ns"] or 0) - (s["start_ns"] or 0) for s in llm
+    llm_ns = sum(s["end_ns"] - s["start_ns"] for s in llm
                  if s["end_ns"] is not None and s["start_ns"] is not None)
     prompt = response = None
     search = []
@@ -412,25 +488,150 @@ def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
     validate = t.validate
     turns = _int(t.num_turns)
     search_text = "\n".join([prompt or "", response or "", *search])[:_SEARCH_TEXT]
+    experiment = t.experiment
     return (
-        f"{t.trace_id}:{t.span_id or ''}", t.trace_id, t.span_id or "", t.name,
-        _snippet(t.attribute(semconv.ROLLOUT_PROJECT_NAME), 200),
-        t.experiment if isinstance(t.experiment, str) else None,
+        f"{t.trace_id}:{t.span_id or ''}", t.trace_id, t.span_id or "", _text(t.name, 1000),
+        _text(_snippet(t.attribute(semconv.ROLLOUT_PROJECT_NAME), 200)),
+        _clean(experiment) if isinstance(experiment, str) else None,
         _int(t.step), _int(t.sample_index), _int(t.rollout_n),
         int(validate) if isinstance(validate, bool) else None,
-        _number(t.reward), reward_label(t), weight,
-        turns, len(t.spans), len(llm), tokens_in, tokens_out, len(tools), tool_errors,
-        len(t.errors), _snippet(error, 500) if error else None, t.start_ns, t.duration_ns,
-        llm_ns, t.status, t.sampling_reason,
-        _snippet(t.attribute(semconv.ROLLOUT_TERMINATION), 100) or None,
-        _snippet(prompt, _SNIPPET) if prompt else None,
-        _snippet(response, _SNIPPET) if response else None, search_text.lower(),
+        _number(t.reward), _text(reward_label(t), 200), _number(weight),
+        turns, len(t.spans), len(llm), _clamp(tokens_in), _clamp(tokens_out), len(tools),
+        tool_errors, len(t.errors), _text(error, 500) if error else None, _sql_int(t.start_ns),
+        _sql_int(t.duration_ns), _clamp(llm_ns), _text(t.status, 20),
+        _text(t.sampling_reason, 200),
+        _text(t.attribute(semconv.ROLLOUT_TERMINATION), 100) or None,
+        _text(prompt, _SNIPPET) if prompt else None,
+        _text(response, _SNIPPET) if response else None, _clean(search_text.lower()),
     )
+
+
+def _unreadable_row(trace_id: str, span_id: str | None, name: Any, error: BaseException
+                    ) -> tuple[Any, ...]:
+    """The row of a trajectory whose row could not be computed: listed, marked, never hidden."""
+    why = f"not indexed: {type(error).__name__}: {error}"
+    row: list[Any] = [None] * len(TRAJECTORY_COLUMNS) + [why.lower()]
+    for column, value in (("key", f"{trace_id}:{span_id or ''}"), ("trace_id", trace_id),
+                          ("span_id", span_id or ""), ("name", _text(name, 1000) or ""),
+                          ("weight", 0.0), ("errors", 1), ("error", _text(why, 500)),
+                          ("status", "error")):
+        row[TRAJECTORY_COLUMNS.index(column)] = value
+    return tuple(row)
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+_ROW_ERRORS = (OverflowError, ValueError, TypeError, sqlite3.ProgrammingError,
+               sqlite3.InterfaceError, sqlite3.DataError, sqlite3.IntegrityError)
+
+
+def _insert(conn: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]],
+            keyed: bool = False) -> list[Any]:
+    """Insert ``rows``; one that cannot be stored is left out, not the batch. Returns what was
+    left out: "why" texts, or (trace id, why) pairs when ``keyed``."""
+    try:
+        conn.executemany(sql, rows)
+        return []
+    except _ROW_ERRORS:
+        pass  # row by row: the rows before the bad one are in; OR IGNORE / REPLACE skips them
+    bad: list[Any] = []
+    for row in rows:
+        try:
+            conn.execute(sql, row)
+        except _ROW_ERRORS as error:
+            why = f"{row[0]}:{row[1]}: not indexed: {type(error).__name__}: {error}"[:300]
+            bad.append((row[1], why) if keyed else why)
+    return bad
+
+
+def _columns(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    return {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in sorted(tables)}
+
+
+_EXPECTED: dict[str, list[str]] = {}
+
+
+def _expected_columns() -> dict[str, list[str]]:
+    if not _EXPECTED:
+        scratch = sqlite3.connect(":memory:")
+        scratch.executescript(_SCHEMA)
+        _EXPECTED.update(_columns(scratch))
+        scratch.close()
+    return _EXPECTED
+
+
+def _transient(error: sqlite3.DatabaseError) -> bool:
+    """Busy or locked: another process holds the file; waiting, not rebuilding, is the answer."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(error)
+
+
+def _is_damage(error: BaseException) -> bool:
+    if isinstance(error, _Damaged):
+        return True
+    return (isinstance(error, sqlite3.DatabaseError)
+            and not isinstance(error, sqlite3.ProgrammingError) and not _transient(error))
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _healed(method: Callable[Concatenate[StoreIndex, _P], _R]
+            ) -> Callable[Concatenate[StoreIndex, _P], _R]:
+    """A query or update that rebuilds a damaged index (once) and answers again."""
+
+    @functools.wraps(method)
+    def healed(self: StoreIndex, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        epoch = self._epoch
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.DatabaseError, _Damaged) as error:
+            if not _is_damage(error):
+                raise
+            self._heal(error, epoch)
+        return method(self, *args, **kwargs)
+
+    return healed
+
+
+def _query_int(what: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{what} must be an integer, not {value!r:.40}")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise BadRequest(f"{what} {str(value)[:24]} is out of range (64-bit integers)")
+    return value
+
+
+def _query_float(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"{what} must be a number, not {value!r:.40}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise BadRequest(f"{what} {str(value)[:20]}... is out of range") from None
+    if math.isnan(number):
+        raise BadRequest(f"{what} must be a number, not NaN")
+    return number
+
+
+def _query_text(value: str | None) -> str | None:
+    return None if value is None else _clean(str(value))
 
 
 class StoreIndex:
     """The index of one store (a directory, or one file). Thread-safe: one connection per
-    thread; :meth:`update` runs under a lock (one writer)."""
+    thread; :meth:`update` runs under a lock (one writer).
+
+    The index file is a cache: when it is damaged (not a database, truncated, another schema,
+    offsets that no longer point at the lines they name) it is deleted and rebuilt from the
+    store, and :meth:`problems` says so (``notices``).
+    """
 
     def __init__(self, trace_dir: str | os.PathLike[str],
                  index_path: str | os.PathLike[str] | None = None) -> None:
@@ -438,31 +639,41 @@ class StoreIndex:
         self.path = Path(index_path) if index_path is not None else default_index_path(trace_dir)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._write_lock = threading.Lock()
+        self._write_lock = threading.RLock()
         self._cache_lock = threading.Lock()
         self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self._pending_notes: dict[str, str] = {}
+        #: bumped whenever the index file is replaced (each thread then reconnects)
+        self._epoch = 0
         #: bumped whenever an update changed the trajectories (the viewer polls it)
         self.generation = 0
-        conn = self._conn()
-        with conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            version = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if version is None or version[0] != SCHEMA_VERSION:  # another layout: start over
-                for table in ("files", "spans", "trace_lines", "trajectories", "reports", "meta"):
-                    conn.execute(f"DROP TABLE IF EXISTS {table}")
-            conn.executescript(_SCHEMA)
-            if version is None or version[0] != SCHEMA_VERSION:
-                self._clear(conn)
+        with self._write_lock:
+            try:
+                self._prepare()
+            except sqlite3.DatabaseError as error:
+                if _transient(error):
+                    raise
+                self._discard(f"the index file {self.path} could not be read ({error}); it was "
+                              "deleted and is rebuilt from the store")
+                self._prepare()
 
     # -- connections -------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.epoch != self._epoch:  # the file was replaced
+            conn.close()
+            conn = None
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA cache_size=-65536")
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA cache_size=-65536")
+            except sqlite3.DatabaseError:
+                conn.close()
+                raise
             self._local.conn = conn
+            self._local.epoch = self._epoch
         return conn
 
     def close(self) -> None:
@@ -471,18 +682,75 @@ class StoreIndex:
             conn.close()
             self._local.conn = None
 
+    def _prepare(self) -> None:
+        """Open the index; start it over when it holds another layout (or none)."""
+        conn = self._conn()
+        with conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            version = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            fresh = version is None or version[0] != SCHEMA_VERSION
+            if not fresh and _columns(conn) != _expected_columns():
+                fresh = True
+                self._note(f"the index file {self.path} had another layout under this schema "
+                           "version; it was rebuilt from the store")
+            if fresh:  # another layout: start over
+                for table in ("files", "spans", "trace_lines", "trajectories", "reports", "meta"):
+                    conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.executescript(_SCHEMA)
+            if fresh:
+                self._clear(conn)
+            for key, text in self._pending_notes.items():
+                conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, _clean(text)))
+            self._pending_notes.clear()
+
+    def _note(self, text: str) -> None:
+        """A notice for the problems banner (kept in the index once it is open)."""
+        _logger.warning("otel_verl.ui index: %s", text)
+        self._pending_notes[f"notice:{time.time_ns()}"] = text
+
+    def _discard(self, why: str) -> None:
+        """Delete the index file (and its journal) and start a new one."""
+        self._note(why)
+        self.close()
+        self._epoch += 1
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            try:
+                os.unlink(f"{self.path}{suffix}")
+            except FileNotFoundError:
+                pass
+        with self._cache_lock:
+            self._lines.clear()
+
+    def _heal(self, error: BaseException, epoch: int) -> None:
+        """Rebuild a damaged index (once per damage: a thread that failed on a file another
+        thread already replaced only retries)."""
+        with self._write_lock:
+            if epoch == self._epoch:
+                self._discard(f"the index was damaged ({type(error).__name__}: {error}); it "
+                              "was deleted and rebuilt from the store")
+                self._prepare()
+                self._update()
+
     def _clear(self, conn: sqlite3.Connection) -> None:
         for table in ("files", "spans", "trace_lines", "trajectories", "reports", "meta"):
             conn.execute(f"DELETE FROM {table}")
         conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        with self._cache_lock:
+            self._lines.clear()
 
     # -- building ----------------------------------------------------------------------------
+    @_healed
     def update(self) -> IndexStats:
         """Read what was appended to the store since the last update; regroup touched traces.
 
         Never raises for bad content: undecodable lines and spans are counted per file (see
-        :meth:`problems`); a last line without its newline is left for the next update.
+        :meth:`problems`); a last line without its newline is left for the next update. A file
+        renamed (a collector's rotation) keeps its rows; a file that vanished, shrank or was
+        rewritten in place makes the update rebuild the index; so does a damaged index file.
         """
+        return self._update()
+
+    def _update(self) -> IndexStats:
         with self._write_lock:
             started = time.perf_counter()
             stats = IndexStats()
@@ -491,51 +759,81 @@ class StoreIndex:
                 paths = list_files(self.trace_dir)
             except FileNotFoundError:
                 paths = []
+            seen: dict[str, os.stat_result] = {}
+            for path in paths:
+                try:
+                    seen[path] = os.stat(path)
+                except OSError:
+                    continue
             known = {row[0]: _FileState(*row) for row in conn.execute(
-                "SELECT path, file_id, offset, size, head, lines, bad_lines, bad_spans, "
-                "pending_bytes FROM files")}
-            if self._needs_rebuild(known, paths):
+                f"SELECT {_FILE_COLUMNS} FROM files")}
+            known, why = self._follow(conn, known, seen)
+            if why is not None:
+                _logger.info("otel_verl.ui index: rebuilding: %s", why)
                 with conn:
                     self._clear(conn)
-                with self._cache_lock:
-                    self._lines.clear()
                 known = {}
                 stats.rebuilt = True
             next_id = max((s.file_id for s in known.values()), default=0) + 1
             dirty: set[str] = set()
-            for path in paths:
+            for path, st in seen.items():
                 state = known.get(path)
                 if state is None:
-                    state = _FileState(path, next_id, head=_head(path))
+                    state = _FileState(path, next_id)
                     next_id += 1
-                try:
-                    size = os.path.getsize(path)
-                except OSError:
-                    continue
                 stats.files += 1
-                if size == state.offset + state.pending_bytes and path in known:
+                if (path in known and st.st_size == state.offset + state.pending_bytes
+                        and st.st_mtime_ns == state.mtime_ns):
                     continue
-                if not state.head:
-                    state.head = _head(path)
-                self._read_file(conn, state, size, stats, dirty)
+                state.dev, state.ino, state.mtime_ns = st.st_dev, st.st_ino, st.st_mtime_ns
+                self._read_file(conn, state, st.st_size, stats, dirty)
             stats.traces_updated = self._regroup(conn, dirty)
             if dirty:
                 self.generation += 1
             stats.seconds = time.perf_counter() - started
             return stats
 
-    def _needs_rebuild(self, known: dict[str, _FileState], paths: list[str]) -> bool:
-        present = set(paths)
+    def _follow(self, conn: sqlite3.Connection, known: dict[str, _FileState],
+                seen: dict[str, os.stat_result]) -> tuple[dict[str, _FileState], str | None]:
+        """Match the indexed files to the store's: by path and inode, following renames.
+
+        Returns the states by (new) path, or why the index must be rebuilt: a file vanished,
+        shrank, or its bytes before the indexed offset changed (rewritten or regrown in place;
+        a store file only ever grows at its end).
+        """
+        by_inode = {(st.st_dev, st.st_ino): path for path, st in seen.items()}
+        moved: dict[str, _FileState] = {}
         for path, state in known.items():
-            if path not in present:
-                return True
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                return True
-            if size < state.offset or (state.offset and _head(path) != state.head):
-                return True
-        return False
+            st = seen.get(path)
+            if st is None or (st.st_dev, st.st_ino) != (state.dev, state.ino):
+                target = by_inode.get((state.dev, state.ino))
+                if target is None:
+                    return known, f"{path} vanished or was replaced"
+                st = seen[target]
+                path = target
+            if path in moved:
+                return known, f"two indexed files are now {path}"
+            if st.st_size < state.offset:
+                return known, f"{path} shrank"
+            if (path != state.path or st.st_size != state.offset + state.pending_bytes
+                    or st.st_mtime_ns != state.mtime_ns):
+                head, tail = _fingerprints(path, state.offset)
+                if (head, tail) != (state.head, state.tail):
+                    return known, f"{path} was rewritten since it was indexed"
+            moved[path] = state
+        renamed = [(state, path) for path, state in moved.items() if state.path != path]
+        if renamed:
+            with conn:
+                for state, _ in renamed:
+                    conn.execute("DELETE FROM files WHERE path = ?", (state.path,))
+                for state, path in renamed:
+                    _logger.info("otel_verl.ui index: %s is now %s", state.path, path)
+                    conn.execute("UPDATE meta SET key = ? WHERE key = ?",
+                                 (f"problem:{path}", f"problem:{state.path}"))
+                    state.path = path
+                    conn.execute(f"INSERT OR REPLACE INTO files VALUES ({_marks(13)})",
+                                 state.row())
+        return moved, None
 
     def _read_file(self, conn: sqlite3.Connection, state: _FileState, size: int,
                    stats: IndexStats, dirty: set[str]) -> None:
@@ -571,35 +869,26 @@ class StoreIndex:
                     state.lines += 1
                     if not raw.strip():
                         continue
-                    spans, bad, why = _decode_line(raw)
-                    if why is not None:
+                    try:
+                        why = self._index_line(raw, here, state, rows, lines, reports, dirty)
+                    except Exception as error:  # noqa: BLE001 - one line must not stop the rest
+                        why = f"{type(error).__name__}: {error}"[:200]
                         state.bad_lines += 1
+                    if why is not None:
                         problem = problem or f"{state.path}: line {state.lines}: {why}"
-                        continue
-                    if bad:
-                        state.bad_spans += bad
-                        problem = problem or f"{state.path}: line {state.lines}: {bad} bad span(s)"
-                    seen: set[str] = set()
-                    for span in spans:
-                        if _is_report(span):  # a sampler's per-step counts, not a trajectory
-                            reports.append((span["trace_id"], span["span_id"],
-                                            _dumps(span["attributes"])))
-                            continue
-                        rows.append(_compact(span))
-                        if span["trace_id"] not in seen:
-                            seen.add(span["trace_id"])
-                            lines.append((span["trace_id"], state.file_id, here))
-                    dirty.update(seen)
                 offset = line_start
                 stats.new_bytes += offset - state.offset
-                stats.new_spans += len(rows)
                 state.offset = offset
                 state.pending_bytes = len(carry)
                 with conn:
-                    conn.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?)",
-                                     rows)
-                    conn.executemany("INSERT OR IGNORE INTO trace_lines VALUES (?,?,?)", lines)
-                    conn.executemany("INSERT OR IGNORE INTO reports VALUES (?,?,?)", reports)
+                    bad = _insert(conn, "INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?)",
+                                  rows)
+                    _insert(conn, "INSERT OR IGNORE INTO trace_lines VALUES (?,?,?)", lines)
+                    _insert(conn, "INSERT OR IGNORE INTO reports VALUES (?,?,?)", reports)
+                    if bad:
+                        state.bad_spans += len(bad)
+                        problem = problem or f"{state.path}: {bad[0]}"
+                    stats.new_spans += len(rows) - len(bad)
                     if reports:
                         self.generation += 1
                     self._save_file(conn, state, size, problem)
@@ -607,35 +896,99 @@ class StoreIndex:
             self._save_file(conn, state, size, problem)
             conn.commit()
 
+    def _index_line(self, raw: bytes, here: int, state: _FileState,
+                    rows: list[tuple[Any, ...]], lines: list[tuple[str, int, int]],
+                    reports: list[tuple[str, str, str]], dirty: set[str]) -> str | None:
+        """Add one line's spans to the pending rows; what was wrong with it, if anything."""
+        spans, bad, why = _decode_line(raw)
+        if why is not None:
+            state.bad_lines += 1
+            return why
+        first = f"{bad} bad span(s)" if bad else None
+        seen: set[str] = set()
+        for span in spans:
+            try:
+                if _is_report(span):  # a sampler's per-step counts, not a trajectory
+                    reports.append((span["trace_id"], span["span_id"],
+                                    _dumps(span["attributes"])))
+                    continue
+                rows.append(_compact(span))
+            except Exception as error:  # noqa: BLE001 - a span this reader cannot use
+                bad += 1
+                first = first or f"span {span.get('span_id')}: {type(error).__name__}: {error}"
+                continue
+            if span["trace_id"] not in seen:
+                seen.add(span["trace_id"])
+                lines.append((span["trace_id"], state.file_id, here))
+        dirty.update(seen)
+        state.bad_spans += bad
+        return first[:300] if first else None
+
     def _save_file(self, conn: sqlite3.Connection, state: _FileState, size: int,
                    problem: str | None) -> None:
-        conn.execute(
-            "INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?)",
-            (state.path, state.file_id, state.offset, size, state.head, state.lines,
-             state.bad_lines, state.bad_spans, state.pending_bytes))
+        state.size = size
+        state.head, state.tail = _fingerprints(state.path, state.offset)
+        conn.execute(f"INSERT OR REPLACE INTO files VALUES ({_marks(13)})", state.row())
         if problem:
             conn.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)",
-                         (f"problem:{state.path}", problem))
+                         (f"problem:{state.path}", _clean(problem)))
 
     def _regroup(self, conn: sqlite3.Connection, dirty: set[str]) -> int:
-        """Recompute the trajectory rows of the traces that received spans."""
+        """Recompute the trajectory rows of the traces that received spans. A trace this reader
+        cannot group, or a trajectory whose row cannot be computed, is listed as unreadable (and
+        counted in :meth:`problems`); the other traces of the batch are not held back."""
         ordered = sorted(dirty)
         for start in range(0, len(ordered), 400):
             batch = ordered[start: start + 400]
-            marks = ",".join("?" * len(batch))
+            marks = _marks(len(batch))
             rows = conn.execute(
                 f"SELECT * FROM spans WHERE trace_id IN ({marks})", batch).fetchall()
-            trajectories = group_trajectories(_span_of_row(r) for r in rows)
+            out: list[tuple[Any, ...]] = []
+            failed: dict[str, str] = {}
+            try:
+                trajectories = group_trajectories(_span_of_row(r) for r in rows)
+            except Exception:  # noqa: BLE001 - one trace at a time, to find the one that fails
+                trajectories = []
+                by_trace: dict[str, list[tuple[Any, ...]]] = {}
+                for r in rows:
+                    by_trace.setdefault(r[0], []).append(r)
+                for trace_id, trace_rows in by_trace.items():
+                    try:
+                        trajectories.extend(group_trajectories(_span_of_row(r)
+                                                               for r in trace_rows))
+                    except Exception as error:  # noqa: BLE001
+                        failed[trace_id] = f"trace {trace_id}: {type(error).__name__}: {error}"
+                        out.append(_unreadable_row(trace_id, None, "", error))
+            for t in trajectories:
+                try:
+                    out.append(_row_of_trajectory(t))
+                except Exception as error:  # noqa: BLE001 - marked, not hidden
+                    failed[t.trace_id] = (f"trajectory {t.trace_id}:{t.span_id or ''}: "
+                                          f"{type(error).__name__}: {error}")
+                    out.append(_unreadable_row(t.trace_id, t.span_id, t.name, error))
             with conn:
                 conn.execute(f"DELETE FROM trajectories WHERE trace_id IN ({marks})", batch)
-                conn.executemany(
-                    f"INSERT OR REPLACE INTO trajectories VALUES ({','.join('?' * 31)})",
-                    [_row_of_trajectory(t) for t in trajectories])
+                conn.execute(f"DELETE FROM meta WHERE key IN ({marks})",
+                             [f"problem:trace:{t}" for t in batch])
+                for trace_id, why in _insert(
+                        conn, f"INSERT OR REPLACE INTO trajectories VALUES ({_marks(31)})", out,
+                        keyed=True):
+                    failed[trace_id] = why
+                conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                 [(f"problem:trace:{t}", _clean(why)[:300])
+                                  for t, why in failed.items()])
         return len(ordered)
 
     # -- queries -----------------------------------------------------------------------------
+    @_healed
     def problems(self) -> dict[str, Any]:
-        """What the index skipped or could only show in part."""
+        """What the index skipped or could only show in part.
+
+        ``bad_lines`` / ``bad_spans``: what could not be decoded or indexed; ``bad_trajectories``:
+        trajectories listed but whose row could not be computed (shown as errors, "not indexed");
+        ``notices``: what happened to the index itself (a damaged file rebuilt);
+        ``examples``: the first few problems, as text.
+        """
         conn = self._conn()
         files = conn.execute(
             "SELECT count(*), coalesce(sum(lines),0), coalesce(sum(bad_lines),0), "
@@ -647,18 +1000,25 @@ class StoreIndex:
         spans = conn.execute("SELECT count(*) FROM spans").fetchone()[0]
         first = [r[0] for r in conn.execute(
             "SELECT value FROM meta WHERE key LIKE 'problem:%' LIMIT 5")]
+        bad_trajectories = conn.execute(
+            "SELECT count(*) FROM meta WHERE key LIKE 'problem:trace:%'").fetchone()[0]
+        notices = [r[0] for r in conn.execute(
+            "SELECT value FROM meta WHERE key LIKE 'notice:%' ORDER BY key DESC LIMIT 3")]
         return {
             "files": files[0], "lines": files[1], "bad_lines": files[2], "bad_spans": files[3],
             "files_with_incomplete_last_line": files[4], "bytes": files[5],
             "trajectories": total, "partial_trajectories": partial, "spans": spans,
-            "examples": first,
+            "bad_trajectories": bad_trajectories, "notices": notices,
+            "examples": [*notices, *first][:8],
         }
 
+    @_healed
     def experiments(self) -> list[str]:
         return [r[0] for r in self._conn().execute(
             "SELECT DISTINCT experiment FROM trajectories WHERE experiment IS NOT NULL "
             "ORDER BY experiment")]
 
+    @_healed
     def overview(self, experiment: str | None = None) -> list[dict[str, Any]]:
         """Per (experiment, validate, step): weighted reward mean / pass rate / spread, counts."""
         where, params = ("WHERE experiment IS ?", [experiment]) if experiment else ("", [])
@@ -707,6 +1067,7 @@ class StoreIndex:
         out.sort(key=lambda r: (str(r["experiment"]), bool(r["validate"]), r["step"] or 0))
         return out
 
+    @_healed
     def sampling_reports(self) -> dict[tuple[Any, Any, Any], dict[str, int]]:
         """The samplers' per-step reports summed (the store's ``sampling_reports``)."""
         spans = ({"name": semconv.SAMPLING_REPORT_SPAN, "parent_span_id": None,
@@ -715,6 +1076,7 @@ class StoreIndex:
                      "SELECT trace_id, span_id, attributes FROM reports"))
         return sampling_reports(spans)
 
+    @_healed
     def flat_groups(self, experiment: str | None = None) -> list[dict[str, Any]]:
         """Per (experiment, validate, step): GRPO groups whose rollouts all got the same reward
         (zero advantage: no learning signal)."""
@@ -729,6 +1091,7 @@ class StoreIndex:
                  "step": r[2], "groups": r[3], "flat_groups": r[4]}
                 for r in self._conn().execute(sql, params)]
 
+    @_healed
     def trajectories(
         self,
         *,
@@ -756,33 +1119,36 @@ class StoreIndex:
         """
         clauses: list[str] = []
         params: list[Any] = []
-        for column, value in (("experiment", experiment), ("step", step),
-                              ("sample_index", sample_index), ("rollout_n", rollout_n)):
+        for column, value in (("experiment", _query_text(experiment)),
+                              ("step", _query_int("step", step)),
+                              ("sample_index", _query_int("sample_index", sample_index)),
+                              ("rollout_n", _query_int("rollout_n", rollout_n))):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
         if validate is not None:
             clauses.append("validate = ?")
             params.append(int(validate))
-        if reward_min is not None:
-            clauses.append("reward >= ?")
-            params.append(reward_min)
-        if reward_max is not None:
-            clauses.append("reward <= ?")
-            params.append(reward_max)
+        for op, bound in ((">=", reward_min), ("<=", reward_max)):
+            if bound is not None:
+                clauses.append(f"reward {op} ?")
+                params.append(_query_float("reward bound", bound))
         if errors_only:
             clauses.append("(errors > 0 OR tool_errors > 0)")
         if text:
             clauses.append("instr(search, ?) > 0")
-            params.append(text.lower())
+            params.append(_clean(text.lower()))
         if trace_id:
             clauses.append("trace_id LIKE ?")
-            params.append(trace_id.lower().replace("%", "").replace("_", "") + "%")
+            params.append(_clean(trace_id.lower().replace("%", "").replace("_", "")) + "%")
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
         if order not in _SORTABLE:
             order = "start_ns"
         direction = "DESC" if descending else "ASC"
-        page_size = max(1, min(int(page_size), max_page_size))
+        page_size = max(1, min(_query_int("page_size", page_size) or 1, max_page_size))
+        page = max(0, _query_int("page", page) or 0)
+        if page * page_size > _INT64_MAX:
+            raise BadRequest(f"page {page} is past the end of any table")
         columns = [*TRAJECTORY_COLUMNS, *(("search",) if with_search else ())]
         conn = self._conn()
         total = conn.execute(f"SELECT count(*) FROM trajectories {where}", params).fetchone()[0]
@@ -790,27 +1156,38 @@ class StoreIndex:
             f"SELECT {', '.join(columns)} FROM trajectories {where} "
             f"ORDER BY {order} IS NULL, {order} {direction}, step, sample_index, rollout_n, key "
             "LIMIT ? OFFSET ?",
-            [*params, page_size, max(0, int(page)) * page_size]).fetchall()
+            [*params, page_size, page * page_size]).fetchall()
         return {"total": total, "page": page, "page_size": page_size,
                 "rows": [_row_dict(r, columns) for r in rows]}
 
+    @_healed
     def trajectory_row(self, key: str) -> dict[str, Any] | None:
         row = self._conn().execute(
             f"SELECT {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories WHERE key = ?",
-            (key,)).fetchone()
+            (_clean(str(key)),)).fetchone()
         return _row_dict(row) if row else None
 
+    @_healed
     def trace_spans(self, trace_id: str) -> list[dict[str, Any]]:
-        """Every stored span of one trace, fully decoded (re-read from the lines that hold it)."""
+        """Every stored span of one trace, fully decoded (re-read from the lines that hold it).
+
+        Raises:
+            _Damaged: (internal; the index rebuilds itself and answers again) a line the index
+            names does not start where it says or does not hold the trace.
+        """
         conn = self._conn()
         files = {r[0]: r[1] for r in conn.execute("SELECT file_id, path FROM files")}
         spans: list[dict[str, Any]] = []
         for file_id, offset in conn.execute(
                 "SELECT file_id, offset FROM trace_lines WHERE trace_id = ? ORDER BY file_id, "
-                "offset", (trace_id,)):
+                "offset", (_clean(str(trace_id)),)).fetchall():
             path = files.get(file_id)
-            if path is not None:
-                spans.extend(s for s in self._line(path, offset) if s["trace_id"] == trace_id)
+            if path is None:
+                raise _Damaged(f"trace {trace_id}: file {file_id} is not in the index")
+            found = [s for s in self._line(path, offset) if s["trace_id"] == trace_id]
+            if not found and os.path.exists(path):
+                raise _Damaged(f"{path} at byte {offset} does not hold trace {trace_id}")
+            spans.extend(found)
         return spans
 
     def _line(self, path: str, offset: int) -> list[dict[str, Any]]:
@@ -824,11 +1201,17 @@ class StoreIndex:
                 return cached
         try:
             with open(path, "rb") as handle:
-                handle.seek(offset)
+                handle.seek(max(0, offset - 1))
+                before = handle.read(1) if offset > 0 else b"\n"
                 raw = handle.readline()
         except OSError:
             return []
-        decoded, _, _ = _decode_line(raw)
+        if before != b"\n":  # not the start of a line: the index's offsets are wrong
+            return []
+        try:
+            decoded, _, _ = _decode_line(raw)
+        except Exception:  # noqa: BLE001 - the indexer read it; a page must not fail on it
+            decoded = []
         with self._cache_lock:
             self._lines[key] = decoded
             while len(self._lines) > _LINE_CACHE:
@@ -847,6 +1230,8 @@ def _decode_line(raw: bytes) -> tuple[list[dict[str, Any]], int, str | None]:
     """(spans, bad spans, why the line is bad) for one store line, with the store's decoder."""
     try:
         request = json.loads(raw)
+    except RecursionError:
+        return [], 0, "nested too deeply"
     except (ValueError, UnicodeDecodeError) as error:
         return [], 0, str(error)[:200]
     if not isinstance(request, dict):
@@ -885,13 +1270,17 @@ def _quiet_decode(request: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _raw_span_count(resource_spans: list[Any]) -> int:
+    """How many spans a request says it holds (an entry of the wrong shape counts as one)."""
     count = 0
     for rs in resource_spans:
         if not isinstance(rs, dict):
             count += 1
             continue
         scopes = rs.get("scopeSpans", rs.get("scope_spans", rs.get("instrumentationLibrarySpans")))
-        for ss in scopes or ():
+        if not isinstance(scopes, list):
+            count += scopes is not None
+            continue
+        for ss in scopes:
             spans = ss.get("spans") if isinstance(ss, dict) else None
             count += len(spans) if isinstance(spans, list) else 1
     return count

@@ -52,6 +52,7 @@ _logger = logging.getLogger("otel_verl")
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
+_UINT64_MAX = 2**64 - 1
 #: OTLP span flags: bit 8 says whether bit 9 (parent is remote) is known
 _FLAGS_HAS_IS_REMOTE = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _FLAGS_IS_REMOTE = 0x200  # SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
@@ -389,18 +390,24 @@ def _enum(value: Any, names: tuple[str, ...], prefix: str) -> str:
 
 
 def _dec_value(any_value: Any) -> Any:
-    """Decode an OTLP ``AnyValue``."""
+    """Decode an OTLP ``AnyValue``; a member of the wrong type raises (the span is bad)."""
     if not any_value:
         return None
     for key, raw in any_value.items():
         if key in ("stringValue", "string_value"):
+            if not isinstance(raw, str):
+                raise TypeError(f"stringValue is a {type(raw).__name__}")
             return raw
         if key in ("intValue", "int_value"):
-            return int(raw)
+            return _int64(raw, "intValue")
         if key in ("doubleValue", "double_value"):
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise TypeError(f"doubleValue is a {type(raw).__name__}")
             return float(raw)  # "NaN" / "Infinity" / "-Infinity" strings included
         if key in ("boolValue", "bool_value"):
-            return bool(raw)
+            if not isinstance(raw, bool):
+                raise TypeError(f"boolValue is a {type(raw).__name__}")
+            return raw
         if key in ("arrayValue", "array_value"):
             return [_dec_value(v) for v in (raw or {}).get("values", [])]
         if key in ("kvlistValue", "kvlist_value"):
@@ -410,14 +417,37 @@ def _dec_value(any_value: Any) -> Any:
     return None
 
 
+def _int64(raw: Any, what: str, low: int = _INT64_MIN, high: int = _INT64_MAX) -> int:
+    """A proto3 JSON 64-bit integer (a decimal string or a JSON integer) within its range."""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise TypeError(f"{what} is a {type(raw).__name__}")
+    value = int(raw)
+    if not low <= value <= high:
+        raise ValueError(f"{what} {str(raw)[:30]} is out of range")
+    return value
+
+
 def _dec_attributes(key_values: Any) -> dict[str, Any]:
     if not key_values:
         return {}
-    return {kv["key"]: _dec_value(kv.get("value")) for kv in key_values}
+    out = {}
+    for kv in key_values:
+        key = kv["key"]
+        if not isinstance(key, str):
+            raise TypeError(f"attribute key is a {type(key).__name__}")
+        out[key] = _dec_value(kv.get("value"))
+    return out
 
 
 def _dec_nanos(value: Any) -> int | None:
-    return int(value) if value is not None else None
+    """A fixed64 time in nanoseconds (None when absent)."""
+    return _int64(value, "time", 0, _UINT64_MAX) if value is not None else None
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} is a {type(value).__name__}, not a string")
+    return value
 
 
 def _dec_span(raw: dict[str, Any], resource: dict[str, Any], scope: dict[str, str]) -> dict[str, Any]:
@@ -427,7 +457,7 @@ def _dec_span(raw: dict[str, Any], resource: dict[str, Any], scope: dict[str, st
         raise ValueError("span without traceId or spanId")
     status = raw.get("status") or {}
     return {
-        "name": raw.get("name", ""),
+        "name": _text(raw.get("name", ""), "span name"),
         "trace_id": trace_id,
         "span_id": span_id,
         "parent_span_id": _id(_get(raw, "parentSpanId", "parent_span_id"), 8),
@@ -437,11 +467,11 @@ def _dec_span(raw: dict[str, Any], resource: dict[str, Any], scope: dict[str, st
         "attributes": _dec_attributes(raw.get("attributes")),
         "status": {
             "code": _enum(status.get("code"), _STATUS_CODES, "STATUS_CODE_"),
-            "message": status.get("message", ""),
+            "message": _text(status.get("message", ""), "status message"),
         },
         "events": [
             {
-                "name": ev.get("name", ""),
+                "name": _text(ev.get("name", ""), "event name"),
                 "time_ns": _dec_nanos(_get(ev, "timeUnixNano", "time_unix_nano")),
                 "attributes": _dec_attributes(ev.get("attributes")),
             }

@@ -30,6 +30,7 @@ warning.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -374,10 +375,8 @@ class Trajectory:
     def sampling_weight(self) -> float:
         """``rollout.sampling.weight``: how many trajectories this one stands for (1 / its
         inclusion probability); 1 when not recorded (everything was traced), 0 for overflow."""
-        value = _attr(self.root, semconv.ROLLOUT_SAMPLING_WEIGHT) if self.root else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        return 1.0
+        value = _real(_attr(self.root, semconv.ROLLOUT_SAMPLING_WEIGHT)) if self.root else None
+        return value if value is not None and value >= 0 else 1.0
 
     @property
     def start_ns(self) -> int | None:
@@ -431,6 +430,18 @@ class Trajectory:
             "sampling_reason": self.sampling_reason,
             "sampling_weight": self.sampling_weight,
         }
+
+
+def _real(value: Any) -> float | None:
+    """A number as a finite float; None for anything else (bools, NaN, infinities, integers
+    too large for a float), so hostile values never poison a sum."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _start_key(span: dict[str, Any]) -> tuple[int, str]:
@@ -639,11 +650,11 @@ def step_statistics(trajectories: Iterable[Trajectory],
         a["w"] += weight
         if trajectory.errors:
             a["werr"] += weight
-        reward = trajectory.reward
-        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+        reward = _real(trajectory.reward)
+        if reward is not None:
             a["wr"] += weight * reward
             a["wsum_r"] += weight
-            a["r"].append(float(reward))
+            a["r"].append(reward)
     reports = reports or {}
     result = []
     for key in sorted(set(acc) | set(reports), key=lambda k: tuple(repr(v) for v in k)):

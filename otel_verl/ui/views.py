@@ -4,15 +4,26 @@ The trajectory page is built from the full spans of its trace (re-read from the 
 index) with the store's trajectory model: the conversation (messages in order, tool calls with
 arguments and results, per-turn usage and latency), the reward and its label, the errors, and the
 span waterfall (engine spans that joined the trace included).
+
+Every view survives any decodable span: a value of the wrong type (a ``tool_calls`` that is a
+number, a call id that is a list, a payload nested past the parser's limit) is shown as text or
+left out, one section that still fails is replaced by a note in the view's ``problems`` list,
+and the answer is always JSON the browser can take (text encodable as UTF-8, bounded depth).
+Out-of-range inputs (an integer beyond 64 bits) raise :class:`BadRequest`, a ``ValueError``: the
+caller's mistake, which the server answers with 400.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+from collections.abc import Callable
 from typing import Any
 
 from otel_verl import semconv
 from otel_verl._index import (
+    BadRequest,
     StoreIndex,
     first_error,
     is_llm_span,
@@ -25,11 +36,17 @@ from otel_verl._index import (
 )
 from otel_verl.store import Trajectory, group_trajectories
 
-__all__ = ["group_view", "overview_view", "prompt_view", "trajectory_view"]
+__all__ = ["BadRequest", "group_view", "overview_view", "prompt_view", "trajectory_view"]
+
+_logger = logging.getLogger(__name__)
 
 #: characters of one attribute value sent to the browser (payloads are capped at 64 KiB anyway)
 MAX_VALUE_CHARS = 8000
 _EXCEPTION = "exception"
+
+
+#: nesting kept in a view's values; deeper values are shown as JSON text
+_MAX_DEPTH = 24
 
 
 def _cap(value: Any, limit: int = MAX_VALUE_CHARS) -> Any:
@@ -38,15 +55,55 @@ def _cap(value: Any, limit: int = MAX_VALUE_CHARS) -> Any:
     if isinstance(value, str):
         return value if len(value) <= limit else value[:limit] + f"… ({len(value)} chars)"
     if isinstance(value, (list, dict)):
-        text = json.dumps(value, ensure_ascii=False, default=str)
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (RecursionError, ValueError):
+            return f"<{type(value).__name__} nested too deeply to show>"
         return value if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
     return value
 
 
+def _scalar(value: Any) -> str | int | float | bool | None:
+    """An id or a name as the browser can key on it: a list or an object becomes its text."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    capped = _cap(value, 200)
+    return capped if isinstance(capped, str) else json.dumps(capped, default=str)
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON the browser takes: UTF-8 text (lone surrogates replaced), string keys,
+    finite numbers, bounded depth (what lies deeper becomes JSON text)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode("utf-8")
+        return value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 2**63 else str(value)[:40]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple, dict)):
+        if depth >= _MAX_DEPTH:
+            return _plain(_cap(str(value), 2000), depth)
+        if isinstance(value, dict):
+            return {_plain(k if isinstance(k, str) else str(k), depth): _plain(v, depth + 1)
+                    for k, v in value.items()}
+        return [_plain(v, depth + 1) for v in value]
+    return _plain(str(value), depth)
+
+
+def _section(problems: list[str], what: str, build: Callable[[], Any], default: Any) -> Any:
+    """One part of a view; when it fails on what the spans hold, the rest is still shown."""
     try:
-        return json.loads(text)
-    except ValueError:
-        return None
+        return build()
+    except Exception as error:  # noqa: BLE001 - a hostile span must not take the page down
+        _logger.warning("ui: the %s of a trajectory could not be shown: %r", what, error)
+        problems.append(f"{what} not shown: {type(error).__name__}: {error}"[:300])
+        return default
 
 
 def _duration(span: dict[str, Any]) -> int | None:
@@ -118,15 +175,17 @@ def _messages(t: Trajectory) -> list[dict[str, Any]]:
             content = " ".join(str(p.get("content", "")) for p in message["parts"]
                                if isinstance(p, dict))
         calls = []
-        for call in message.get("tool_calls") or ():
+        listed = message.get("tool_calls")
+        for call in listed if isinstance(listed, list) else ():
             if isinstance(call, dict):
                 inner = call.get("function")
                 function: dict[str, Any] = inner if isinstance(inner, dict) else call
-                calls.append({"id": call.get("id"), "name": function.get("name"),
+                calls.append({"id": _scalar(call.get("id")), "name": _scalar(function.get("name")),
                               "arguments": _cap(function.get("arguments"))})
-        out.append({"role": str(message.get("role", "?")),
+        role = message.get("role", "?")
+        out.append({"role": role if isinstance(role, str) else str(_scalar(role)),
                     "content": _cap("" if content is None else str(content)),
-                    "tool_calls": calls, "tool_call_id": message.get("tool_call_id")})
+                    "tool_calls": calls, "tool_call_id": _scalar(message.get("tool_call_id"))})
     return out
 
 
@@ -161,8 +220,9 @@ def _tool(span: dict[str, Any]) -> dict[str, Any]:
     if result is None and errors:
         result = f"{errors[0]['type']}: {errors[0]['message']}"
     return {
-        "span_id": span["span_id"], "name": a.get(semconv.GEN_AI_TOOL_NAME) or span["name"],
-        "call_id": a.get(semconv.GEN_AI_TOOL_CALL_ID), "arguments": _cap(arguments),
+        "span_id": span["span_id"],
+        "name": _scalar(a.get(semconv.GEN_AI_TOOL_NAME)) or span["name"],
+        "call_id": _scalar(a.get(semconv.GEN_AI_TOOL_CALL_ID)), "arguments": _cap(arguments),
         "result": _cap(result), "ok": ok, "duration_ns": _duration(span),
     }
 
@@ -192,8 +252,8 @@ def _waterfall(t: Trajectory) -> list[dict[str, Any]]:
             "status_message": _cap(span["status"]["message"], 2000),
             "input": _cap(span["attributes"].get(semconv.INPUT_VALUE)),
             "output": _cap(span["attributes"].get(semconv.OUTPUT_VALUE)),
-            "attributes": {k: _cap(v, 2000) for k, v in sorted(span["attributes"].items())
-                           if k not in hidden},
+            "attributes": {str(k): _cap(v, 2000) for k, v in sorted(
+                span["attributes"].items(), key=lambda kv: str(kv[0])) if k not in hidden},
             "events": [{"name": e["name"], "attributes": {k: _cap(v, 4000) for k, v in
                                                          e["attributes"].items()}}
                        for e in span["events"]],
@@ -206,7 +266,8 @@ def _attach(messages: list[dict[str, Any]], turns: list[dict[str, Any]],
     """Per-turn usage onto assistant messages (in order); tool spans onto tool messages (by call
     id, else in order)."""
     turn_iter = iter(turns)
-    by_call = {tool["call_id"]: tool for tool in tools if tool["call_id"]}
+    by_call = {tool["call_id"]: tool for tool in tools
+               if tool["call_id"] and not isinstance(tool["call_id"], float)}
     tool_iter = iter(tools)
     for message in messages:
         if message["role"] == "assistant":
@@ -233,10 +294,22 @@ def _merge_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def trajectory_view(index: StoreIndex, key: str) -> dict[str, Any] | None:
-    """Everything the trajectory page shows; None when the key is unknown."""
+    """Everything the trajectory page shows; None when the key is unknown.
+
+    Sections that cannot be built from the spans are left empty and named in ``problems``; a
+    trajectory that cannot be rebuilt at all answers its row and ``missing`` (why)."""
     row = index.trajectory_row(key)
     if row is None:
         return None
+    try:
+        return _plain(_trajectory_view(index, row))
+    except Exception as error:  # noqa: BLE001 - the page says why instead of failing
+        _logger.warning("ui: trajectory %s could not be shown: %r", key, error)
+        return _plain({"row": row, "missing": f"this trajectory could not be shown: "
+                                              f"{type(error).__name__}: {error}"[:500]})
+
+
+def _trajectory_view(index: StoreIndex, row: dict[str, Any]) -> dict[str, Any]:
     spans = index.trace_spans(row["trace_id"])
     chosen = None
     for t in group_trajectories(spans):
@@ -245,21 +318,28 @@ def trajectory_view(index: StoreIndex, key: str) -> dict[str, Any] | None:
             break
     if chosen is None:
         return {"row": row, "missing": "the spans of this trajectory are no longer in the store"}
-    llm = [s for s in chosen.spans if is_llm_span(s)]
-    turns = [_turn(s, i + 1) for i, s in enumerate(llm)]
-    tools = [_tool(s) for s in chosen.spans if is_tool_span(s)]
-    messages = _messages(chosen)
-    _attach(messages, turns, tools)
-    errors = _merge_errors([e for s in chosen.spans for e in _span_errors(s)])
+    t = chosen
+    problems: list[str] = []
+    llm = [s for s in t.spans if is_llm_span(s)]
+    turns = _section(problems, "turns", lambda: [_turn(s, i + 1) for i, s in enumerate(llm)], [])
+    tools = _section(problems, "tool calls",
+                     lambda: [_tool(s) for s in t.spans if is_tool_span(s)], [])
+    messages = _section(problems, "conversation", lambda: _messages(t), [])
+    _section(problems, "per-turn usage", lambda: _attach(messages, turns, tools), None)
+    errors = _section(problems, "errors",
+                      lambda: _merge_errors([e for s in t.spans for e in _span_errors(s)]), [])
     return {
         "row": row, "messages": messages, "turns": turns, "tools": tools,
-        "reward": _reward(chosen), "errors": errors, "first_error": first_error(chosen),
-        "waterfall": _waterfall(chosen),
+        "reward": _section(problems, "reward", lambda: _reward(t), {}),
+        "errors": errors, "first_error": _section(problems, "first error",
+                                                  lambda: first_error(t), None),
+        "waterfall": _section(problems, "span waterfall", lambda: _waterfall(t), []),
+        "problems": problems,
     }
 
 
 def overview_view(index: StoreIndex, experiment: str | None = None) -> dict[str, Any]:
-    return {"steps": index.overview(experiment), "flat": index.flat_groups(experiment)}
+    return _plain({"steps": index.overview(experiment), "flat": index.flat_groups(experiment)})
 
 
 def group_view(index: StoreIndex, experiment: str | None, step: int | None,
@@ -274,7 +354,7 @@ def group_view(index: StoreIndex, experiment: str | None, step: int | None,
         if view is not None and "messages" in view:
             details[row["key"]] = {"messages": view["messages"], "reward": view["reward"],
                                    "errors": view["errors"]}
-    return {"rows": page["rows"], "total": page["total"], "details": details}
+    return _plain({"rows": page["rows"], "total": page["total"], "details": details})
 
 
 def prompt_view(index: StoreIndex, experiment: str | None, sample_index: int,
@@ -282,4 +362,4 @@ def prompt_view(index: StoreIndex, experiment: str | None, sample_index: int,
     """One prompt (sample index) through training: its rollouts at every step."""
     page = index.trajectories(experiment=experiment, sample_index=sample_index,
                               validate=validate, order="step", page_size=5000)
-    return {"rows": page["rows"], "total": page["total"]}
+    return _plain({"rows": page["rows"], "total": page["total"]})
