@@ -7,7 +7,9 @@ turns on strict mode (a fixture, not environment sniffing).
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 _log = logging.getLogger("otel_verl")
 _strict = False
@@ -33,3 +35,47 @@ def internal_error(exc: BaseException, where: str) -> None:
         _last_logged[where] = now
         _log.warning("otel_verl internal error (%s): %s: %s; tracing continues", where,
                      type(exc).__name__, exc, exc_info=exc)
+
+
+class RateLimitedWarning:
+    """One kind of warning that can repeat for as long as a run: the first is logged, then at
+    most one per ``interval_s``, saying how many were suppressed since the last line.
+
+    ``logged`` and ``suppressed`` count the lines written and held back (for ``stats()``);
+    ``summary()`` writes the count still held back (at shutdown), if any.
+    """
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None
+        self._held = 0  # suppressed since the last line
+        self.logged = 0
+        self.suppressed = 0
+        self._lock = threading.Lock()
+
+    def warn(self, msg: str, *args: object, exc_info: bool = False) -> bool:
+        """Log ``msg % args`` unless one was logged less than ``interval_s`` ago. True when
+        logged."""
+        now = self._clock()
+        with self._lock:
+            if self._last is not None and now - self._last < self.interval_s:
+                self._held += 1
+                self.suppressed += 1
+                return False
+            held, self._held, self._last = self._held, 0, now
+            self.logged += 1
+        if held:
+            msg += " (%d more like it in the last %.0fs were not logged)"
+            args = (*args, held, self.interval_s)
+        self._logger.warning(msg, *args, exc_info=exc_info)
+        return True
+
+    def summary(self, what: str) -> None:
+        """Log how many warnings about ``what`` were held back since the last line, if any."""
+        with self._lock:
+            held, self._held = self._held, 0
+        if held:
+            self._logger.warning("otel_verl: %d more warning(s) not logged: %s", held, what)

@@ -40,6 +40,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _env
+from otel_verl._errors import RateLimitedWarning
 from otel_verl._otlp_json import encode_line, encode_request
 
 __all__ = [
@@ -115,8 +116,12 @@ class FileSpanExporter(SpanExporter):
 
     Attributes:
         exported_spans: spans written so far by this process.
-        failed_spans: spans that could not be written (each failure is logged).
+        failed_spans: spans that could not be written (logged: the first failure, then at most
+            one line per ``warning_interval_s``).
     """
+
+    #: the shortest time between two warnings about failed writes (or syncs)
+    warning_interval_s = 60.0
 
     def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
         self._directory = resolve_trace_dir(directory)
@@ -126,11 +131,15 @@ class FileSpanExporter(SpanExporter):
         self._pid = os.getpid()
         self._shutdown = False
         self._warned_shutdown = False
-        self._logged_traceback = False
         self._torn = False
         self.exported_spans = 0
         self.failed_spans = 0
+        self._new_warnings()
         _LIVE_EXPORTERS.add(self)
+
+    def _new_warnings(self) -> None:
+        self._write_warning = RateLimitedWarning(_logger, self.warning_interval_s)
+        self._sync_warning = RateLimitedWarning(_logger, self.warning_interval_s)
 
     @property
     def directory(self) -> str:
@@ -166,14 +175,10 @@ class FileSpanExporter(SpanExporter):
             return SpanExportResult.SUCCESS
         except Exception as error:  # never raise into the span processor
             self.failed_spans += len(spans)
-            _logger.warning(
-                "otel_verl: could not write %d span(s) to %s: %r",
-                len(spans),
-                self._path or self._directory,
-                error,
-                exc_info=not self._logged_traceback,
-            )
-            self._logged_traceback = True
+            self._write_warning.warn(
+                "otel_verl: could not write %d span(s) to %s: %r (%d span(s) not written so "
+                "far)", len(spans), self._path or self._directory, error, self.failed_spans,
+                exc_info=self._write_warning.logged == 0)
             return SpanExportResult.FAILURE
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -185,7 +190,7 @@ class FileSpanExporter(SpanExporter):
             os.fsync(fd)
             return True
         except OSError as error:
-            _logger.warning("otel_verl: could not sync %s: %r", self._path, error)
+            self._sync_warning.warn("otel_verl: could not sync %s: %r", self._path, error)
             return False
 
     def shutdown(self) -> None:
@@ -198,6 +203,18 @@ class FileSpanExporter(SpanExporter):
                 os.close(fd)
             except OSError:
                 pass
+        self._write_warning.summary(f"{self.failed_spans} span(s) in all could not be written "
+                                    f"to {self._path or self._directory}")
+        self._sync_warning.summary(f"syncs of {self._path} failed")
+
+    def stats(self) -> dict[str, int]:
+        """``file_written`` / ``file_write_failed``: spans written / not written by this process;
+        ``file_warnings``: warning lines logged about failed writes and syncs;
+        ``file_warnings_suppressed``: those held back by the rate limit."""
+        warnings = (self._write_warning, self._sync_warning)
+        return {"file_written": self.exported_spans, "file_write_failed": self.failed_spans,
+                "file_warnings": sum(w.logged for w in warnings),
+                "file_warnings_suppressed": sum(w.suppressed for w in warnings)}
 
     # internals ----------------------------------------------------------------------------------
 
@@ -250,3 +267,4 @@ class FileSpanExporter(SpanExporter):
         self._pid = os.getpid()
         self.exported_spans = 0
         self.failed_spans = 0
+        self._new_warnings()

@@ -12,6 +12,8 @@ import threading
 
 import pytest
 from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -22,7 +24,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from otel_verl import semconv
+from otel_verl import RolloutTraceConfig, get_tracer, rollout_trace_attr, semconv
+from otel_verl._errors import RateLimitedWarning
 from otel_verl._file_exporter import (
     DEFAULT_TRACE_DIR,
     ENV_TRACE_DIR,
@@ -332,8 +335,89 @@ def test_export_never_raises_and_counts_failures(tmp_path, caplog):
         assert exporter.export(spans) is SpanExportResult.FAILURE
         assert exporter.export(spans) is SpanExportResult.FAILURE
     assert exporter.failed_spans == 2 * len(spans) and exporter.exported_spans == 0
-    assert sum("could not write" in r.getMessage() for r in caplog.records) == 2
+    assert sum("could not write" in r.getMessage() for r in caplog.records) == 1  # rate-limited
     assert sum(bool(r.exc_info) for r in caplog.records) == 1  # one traceback, not a flood
+    assert exporter.stats()["file_warnings_suppressed"] == 1
+
+
+def _unwritable(kind, tmp_path, monkeypatch):
+    """A trace dir that cannot be written: below a regular file (NotADirectoryError), or one
+    whose writes raise PermissionError (what a read-only directory gives a non-root user)."""
+    if kind == "parent-is-a-file":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("not a directory")
+        return blocker / "store"
+    from otel_verl import _file_exporter
+
+    def denied(fd, data):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_file_exporter, "_write", denied)
+    return tmp_path / "store"
+
+
+@pytest.mark.parametrize("kind", ["parent-is-a-file", "permission-denied"])
+def test_unwritable_trace_dir_warns_once_per_interval_and_counts(kind, tmp_path, monkeypatch,
+                                                                 caplog):
+    """800 spans through the file backend into a dir that cannot be written: one warning line
+    (with its traceback) and a summary at shutdown, not a line per batch; stats() counts."""
+    trace_dir = _unwritable(kind, tmp_path, monkeypatch)
+    RolloutTraceConfig.init("p", "e", "file", trace_dir=str(trace_dir), schedule_delay_s=0.05,
+                            max_export_batch_size=50)
+    tracer = get_tracer()
+    with caplog.at_level(logging.WARNING):
+        for step in range(8):
+            with rollout_trace_attr(step=step, sample_index=0, rollout_n=0, name="t"):
+                for i in range(99):
+                    tracer.start_span(f"s{i}").end()
+            RolloutTraceConfig.flush(5)
+        stats = RolloutTraceConfig.stats()
+        RolloutTraceConfig.shutdown(timeout_s=5)
+    lines = [r for r in caplog.records if r.name == "otel_verl._file_exporter"]
+    assert stats["file_write_failed"] == 800 and stats["export_failed"] == 800
+    assert stats["file_warnings"] == 1
+    assert stats["file_warnings_suppressed"] >= 15  # 16+ batches of at most 50 spans failed
+    assert len(lines) == 2, [r.getMessage() for r in lines]  # the first, the shutdown summary
+    assert lines[0].exc_info and "could not write" in lines[0].getMessage()
+    assert f"{stats['file_warnings_suppressed']} more warning(s)" in lines[1].getMessage()
+    assert "800 span(s) in all" in lines[1].getMessage()
+
+
+@settings(max_examples=200, deadline=None)
+@given(gaps=st.lists(st.floats(min_value=0.0, max_value=30.0), min_size=1, max_size=200),
+       interval=st.sampled_from([0.0, 1.0, 10.0, 60.0]))
+def test_rate_limited_warning_bounds_lines_and_counts_every_one(gaps, interval):
+    now = [0.0]
+    logger = logging.getLogger("otel_verl.test_rate_limit")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        warning = RateLimitedWarning(logger, interval, clock=lambda: now[0])
+        for gap in gaps:
+            now[0] += gap
+            warning.warn("failed %s", "x")
+        warning.summary("failures")
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    assert warning.logged + warning.suppressed == len(gaps)
+    assert sum(r.getMessage().startswith("failed x") for r in records) == warning.logged
+    if interval:  # two lines are at least an interval apart
+        assert warning.logged <= 1 + now[0] / interval
+    else:
+        assert warning.logged == len(gaps)
+    # every suppressed warning is said once: in the next line or in the summary
+    said = 0
+    for record in records:
+        text = record.getMessage()
+        if "more like it" in text:
+            said += int(text.split("(")[1].split(" ")[0])
+        elif text.startswith("otel_verl: "):
+            said += int(text.split(" ")[1])
+    assert said == warning.suppressed
 
 
 def test_unencodable_attribute_is_dropped_not_the_span(tmp_path, caplog):
