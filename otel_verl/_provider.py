@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -138,24 +137,31 @@ def spool_dir_for(config: TraceConfig, exporter: SpanExporter | None = None) -> 
     """
     if config.spool_dir:
         return os.path.abspath(config.spool_dir)
+    from otel_verl._spool import log_dir_name
+
+    # a readable prefix (no credentials) beside a hash of the whole key: never shared
+    return os.path.abspath(os.path.join(config.trace_dir, "spool",
+                                        log_dir_name(*_backend_key(config, exporter))))
+
+
+def _backend_key(config: TraceConfig, exporter: SpanExporter | None) -> tuple[str, str]:
+    """(kind, endpoint) naming the backend a durable log delivers to."""
     if config.backend == "otlp":
-        key = f"otlp-{config.otlp_protocol}-{config.otlp_endpoint or 'default'}"
-    elif config.backend == "weave":
-        key = f"weave-{config.weave_entity or ''}-{config.project_name}"
-    else:
-        key = f"exporter-{type(exporter).__name__}" if exporter is not None else "exporter"
-    key = re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_")[:120]
-    return os.path.abspath(os.path.join(config.trace_dir, "spool", key))
+        return f"otlp-{config.otlp_protocol}", config.otlp_endpoint or "default"
+    if config.backend == "weave":
+        return f"weave-{config.weave_entity or ''}-{config.project_name}", ""
+    return (f"exporter-{type(exporter).__name__}" if exporter is not None else "exporter"), ""
 
 
 def durable(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
     """``exporter`` behind the durable log when ``config`` asks for it (batch processor only)."""
     if not _durable(config):
         return exporter
-    from otel_verl._spool import DurableSpanExporter
+    from otel_verl._spool import DurableSpanExporter, backend_identity
 
     return DurableSpanExporter(
         exporter, spool_dir_for(config, exporter), max_spool_bytes=config.max_spool_bytes,
+        backend_id=backend_identity(*_backend_key(config, exporter)),
         max_request_bytes=config.max_request_bytes,
         max_batch_spans=config.max_export_batch_size, export_delay_s=config.export_delay_s,
         shutdown_timeout_s=config.export_timeout_s,
