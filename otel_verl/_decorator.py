@@ -41,6 +41,7 @@ from otel_verl._capture import (
 )
 from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Runtime
+from otel_verl._trajectory import Outcome, current_outcome
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -54,6 +55,22 @@ AfterHook = Callable[[Any], None]
 
 _MAX_YIELDS_KEPT = 1000
 
+#: the ``openinference.span.kind`` of an op whose kind is not given, by the method's name: verl's
+#: traced methods (the per-turn LLM client ``generate``, a tool's ``execute``, an agent loop's
+#: ``run``), as the verl integration classifies them; anything else is a CHAIN
+KIND_BY_METHOD_NAME: Mapping[str, str] = {
+    "generate": semconv.SpanKindName.LLM,
+    "execute": semconv.SpanKindName.TOOL,
+    "run": semconv.SpanKindName.AGENT,
+}
+
+
+def default_kind(fn: Callable[..., Any]) -> str:
+    """The kind ``rollout_trace_op`` gives ``fn`` when none is given (see ``KIND_BY_METHOD_NAME``)."""
+    name = getattr(fn, "__name__", None)
+    return KIND_BY_METHOD_NAME.get(name, semconv.SpanKindName.CHAIN) if type(name) is str else \
+        semconv.SpanKindName.CHAIN
+
 
 class _OpSpec:
     """What one decorated function needs at call time (picklable: no closures, no locks)."""
@@ -61,13 +78,13 @@ class _OpSpec:
     __slots__ = ("fn", "name", "kind", "capture_input", "capture_output", "names", "has_self",
                  "defaults", "simple", "signature", "before", "after")
 
-    def __init__(self, fn: Callable[..., Any], name: str | None, kind: str,
+    def __init__(self, fn: Callable[..., Any], name: str | None, kind: str | None,
                  capture_input: bool, capture_output: bool, before: BeforeHook | None = None,
                  after: AfterHook | None = None) -> None:
         self.fn = fn
         self.name: str = fix_surrogates(
             name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))))
-        self.kind = kind
+        self.kind = kind if kind is not None else default_kind(fn)
         self.capture_input = capture_input
         self.capture_output = capture_output
         self.before = before
@@ -122,12 +139,14 @@ class _OpCall:
     step that is otel_verl's own work is guarded: a bug here is logged, the user's call goes on.
     """
 
-    __slots__ = ("spec", "runtime", "span", "owner", "token")
+    __slots__ = ("outcome", "owner", "runtime", "span", "spec", "token")
 
     def __init__(self, spec: _OpSpec, runtime: Runtime, span: Span, owner: Any,
-                 token: Any) -> None:
+                 token: Any, outcome: Outcome | None = None) -> None:
         self.spec, self.runtime, self.span, self.owner, self.token = (spec, runtime, span, owner,
                                                                       token)
+        #: the trajectory's outcome, for a top-level op (its input and output may show there)
+        self.outcome = outcome
 
     @classmethod
     def begin(cls, spec: _OpSpec, args: tuple[Any, ...],
@@ -142,22 +161,26 @@ class _OpCall:
             return None
         try:
             attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: spec.kind}
+            outcome = None
             if traj is not None:
                 attrs.update(traj.attrs)
                 if traj.span is not None and otel_trace.get_current_span() is traj.span:
                     attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
+                    outcome = current_outcome()
             owner = None
             if spec.capture_input and runtime.config.capture_payloads:
                 owner, inputs = spec.bind(args, kwargs)
                 attrs.update(payload_attrs(runtime, inputs, UNSET, {}))  # one pass, at start
             elif spec.has_self and args:
                 owner = args[0]
+            if outcome is not None:
+                outcome.op_started(spec.name, attrs.get(semconv.INPUT_VALUE))
             span = runtime.tracer.start_span(spec.name, attributes=attrs)
             token = otel_context.attach(otel_trace.set_span_in_context(span))
         except Exception as exc:
             _errors.internal_error(exc, f"starting span {spec.name}")
             return None
-        call = cls(spec, runtime, span, owner, token)
+        call = cls(spec, runtime, span, owner, token, outcome)
         if spec.before is not None and args:
             try:
                 spec.before(args[0], kwargs)
@@ -208,6 +231,9 @@ class _OpCall:
         try:
             if self.spec.capture_output:
                 set_payload(self.span, output=dict(as_dict(output), **extra) if extra else output)
+                if self.outcome is not None:
+                    attrs = getattr(self.span, "attributes", None) or {}
+                    self.outcome.op_ended(attrs.get(semconv.OUTPUT_VALUE))
             self.span.end()
         except Exception as exc:
             _errors.internal_error(exc, f"finishing span {self.spec.name}")
@@ -371,21 +397,21 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 
 @overload
 def rollout_trace_op(func: Callable[P, R], /, *, name: str | None = None,
-                     kind: str = semconv.SpanKindName.CHAIN, capture_input: bool = True,
+                     kind: str | None = None, capture_input: bool = True,
                      capture_output: bool = True, before: BeforeHook | None = None,
                      after: AfterHook | None = None) -> Callable[P, R]: ...
 
 
 @overload
 def rollout_trace_op(func: None = None, /, *, name: str | None = None,
-                     kind: str = semconv.SpanKindName.CHAIN, capture_input: bool = True,
+                     kind: str | None = None, capture_input: bool = True,
                      capture_output: bool = True, before: BeforeHook | None = None,
                      after: AfterHook | None = None
                      ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 def rollout_trace_op(func: Callable[..., Any] | None = None, /, *, name: str | None = None,
-                     kind: str = semconv.SpanKindName.CHAIN, capture_input: bool = True,
+                     kind: str | None = None, capture_input: bool = True,
                      capture_output: bool = True, before: BeforeHook | None = None,
                      after: AfterHook | None = None) -> Any:
     """Trace a function or method as one span (sync, async, generator or async generator).
@@ -396,7 +422,9 @@ def rollout_trace_op(func: Callable[..., Any] | None = None, /, *, name: str | N
     Args:
         func: the function (bare use or a direct call).
         name: the span name; default the function's ``__qualname__`` (e.g. ``ToolAgentLoop.run``).
-        kind: the ``openinference.span.kind`` (``SpanKindName.LLM``, ``TOOL``, ...).
+        kind: the ``openinference.span.kind`` (``SpanKindName.LLM``, ``TOOL``, ...); default by
+            verl's method names: ``generate`` LLM (so Weave's Threads view gets its turns),
+            ``execute`` TOOL, ``run`` AGENT, anything else CHAIN (``KIND_BY_METHOD_NAME``).
         capture_input: record the bound arguments (minus ``self``) as ``input.value``.
         capture_output: record the return value as ``output.value``.
         before: ``before(owner, kwargs)`` inside the span, before the call (see ``BeforeHook``).

@@ -11,7 +11,11 @@ Usage::
 What a viewer's list of traces shows for a trajectory (its root span): ``input.value`` = what the
 agent loop names with ``set_trajectory_input`` (the prompt), ``output.value`` = the outcome
 (``set_trajectory_output(answer=...)`` merged with the reward of ``record_reward``), written when
-the trajectory ends, through the payload rules. Every span inside also carries ``session.id`` (the
+the trajectory ends, through the payload rules. When nothing sets them (verl's drop-in API:
+``rollout_trace_attr`` + ``rollout_trace_op`` + ``record_reward``), the input is the first
+top-level op's input and the output the last top-level op's output merged with the reward; with
+neither set, ``otel_verl.trajectory_op`` names that first op (the agent loop), so a backend with
+one row per trajectory (Weave) can name the row after it. Every span inside also carries ``session.id`` (the
 GRPO group: experiment, step, sample index, so a viewer groups the n rollouts of one prompt) and
 ``metadata`` (the trajectory attributes under verl's names, as JSON: Phoenix filters on
 ``metadata['step']``).
@@ -37,10 +41,43 @@ from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 
 _NOOP_TRACER = otel_trace.NoOpTracer()
-#: the current trajectory's outcome (final answer, reward), written as its output at the end; a
-#: dict shared by reference with the asyncio tasks inside the trajectory
-_OUTCOME: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+
+
+class Outcome:
+    """What the current trajectory shows when it ends: its outcome fields (answer, reward) and,
+    for what nothing set, its top-level ops' payloads. Shared by reference with the asyncio tasks
+    inside the trajectory; the top-level ops of ``_decorator`` write to it."""
+
+    __slots__ = ("fields", "first_input", "first_op", "input_set", "last_output", "output_set")
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.input_set = False
+        self.output_set = False
+        self.first_op: str | None = None
+        #: the first top-level op's ``input.value`` (JSON text, already capped)
+        self.first_input: str | None = None
+        #: the last top-level op's ``output.value`` to end (JSON text, already capped)
+        self.last_output: str | None = None
+
+    def op_started(self, name: str, input_json: Any) -> None:
+        if self.first_op is None:
+            self.first_op = name
+            self.first_input = input_json if type(input_json) is str else None
+
+    def op_ended(self, output_json: Any) -> None:
+        if type(output_json) is str:
+            self.last_output = output_json
+
+
+#: the current trajectory's ``Outcome`` (None outside a recorded trajectory)
+_OUTCOME: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
     "otel_verl_trajectory_outcome", default=None)
+
+
+def current_outcome() -> Outcome | None:
+    """The current recorded trajectory's ``Outcome`` (for its top-level ops)."""
+    return _OUTCOME.get()
 #: ``metadata`` keys: verl's names for the trajectory attributes
 _VERL_NAMES = {key: key.split(".", 1)[1] for key in semconv.TRAJECTORY_KEYS}
 
@@ -121,7 +158,7 @@ def rollout_trace_attr(
     token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional))
     runtime.trajectory_started()
     previous_context = otel_context.get_current()
-    outcome: dict[str, Any] = {}
+    outcome = Outcome()
     outcome_token = _OUTCOME.set(outcome)
     ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
     try:
@@ -136,10 +173,31 @@ def rollout_trace_attr(
         else:  # exited from another context: the tokens belong to the first one
             otel_context.attach(previous_context)
             _OUTCOME.set(None)
-        if outcome:
-            set_payload(span, output=outcome)
+        _show_outcome(span, outcome)
         span.end()
         runtime.trajectory_ended()
+
+
+def _show_outcome(span: Span, outcome: Outcome) -> None:
+    """The trajectory's ``input.value``/``output.value`` at its end (never raises): what the code
+    set, else what its top-level ops saw (the first one's input; the last one's output merged with
+    the outcome fields, the reward)."""
+    try:
+        if not outcome.input_set and outcome.first_input is not None:
+            span.set_attributes({semconv.INPUT_VALUE: outcome.first_input,
+                                 semconv.INPUT_MIME_TYPE: semconv.MIME_JSON})
+        if not outcome.input_set and not outcome.output_set and outcome.first_op is not None:
+            span.set_attribute(semconv.OTEL_VERL_TRAJECTORY_OP, outcome.first_op)
+        if outcome.output_set or outcome.last_output is None:
+            if outcome.fields:
+                set_payload(span, output=outcome.fields)
+            return
+        last = json.loads(outcome.last_output)
+        merged = dict(last) if type(last) is dict else {"output": last}
+        merged.update(outcome.fields)
+        set_payload(span, output=merged)
+    except Exception as exc:
+        _errors.internal_error(exc, "trajectory input/output")
 
 
 def _restore(token: Any, previous: Trajectory | None) -> bool:
@@ -227,9 +285,9 @@ def record_reward(score: float, *, name: str = "reward", label: str | None = Non
         traj.span.add_event(semconv.GEN_AI_EVALUATION_RESULT, attrs)
         outcome = _OUTCOME.get()
         if outcome is not None:
-            outcome["reward"] = value
+            outcome.fields["reward"] = value
             if label is not None:
-                outcome["reward_label"] = label
+                outcome.fields["reward_label"] = label
     except Exception as exc:
         _errors.internal_error(exc, "record_reward")
 
@@ -244,6 +302,9 @@ def set_trajectory_input(value: Any) -> None:
     traj = TRAJECTORY.get()
     if traj is None or traj.span is None or not traj.span.is_recording():
         return
+    outcome = _OUTCOME.get()
+    if outcome is not None:
+        outcome.input_set = True
     if not isinstance(value, str):
         set_payload(traj.span, input=value)
         return
@@ -261,7 +322,8 @@ def set_trajectory_output(**fields: Any) -> None:
     """
     outcome = _OUTCOME.get()
     if outcome is not None:
-        outcome.update(fields)
+        outcome.output_set = True
+        outcome.fields.update(fields)
 
 
 def set_trajectory_attribute(key: str, value: Any) -> None:

@@ -164,7 +164,7 @@ class ToolAgentLoop:
         return ids + self._render(tool_messages, None)
 
     # -- the loop -------------------------------------------------------------------------------
-    @otel_verl.rollout_trace_op
+    @otel_verl.rollout_trace_op(kind=semconv.SpanKindName.CHAIN)  # the trajectory is the AGENT
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """Roll out one trajectory for the dataset row ``kwargs`` (verl's row keys)."""
         messages: list[dict[str, Any]] = [dict(m) for m in kwargs["raw_prompt"]]

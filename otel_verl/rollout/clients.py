@@ -332,7 +332,7 @@ class AsyncLLMClient:
 class AsyncTokenClient(AsyncLLMClient):
     """Token in, token out: verl's ``generate(request_id, *, prompt_ids, sampling_params)``."""
 
-    @otel_verl.rollout_trace_op
+    @otel_verl.rollout_trace_op(kind=SpanKindName.CHAIN)  # the `chat` span inside is the LLM
     async def generate(
         self,
         request_id: str,

@@ -487,3 +487,120 @@ def test_token2text_decode_without_skip_special_tokens_falls_back():
     (span,) = exporter.get_finished_spans()
     out = json.loads(span.attributes[semconv.OUTPUT_VALUE])
     assert out["prompt_text"] == "1|2" and out["response_text"] == "3"
+
+
+# --- drop-in API users: what the trajectory's root row shows when nothing sets it (issue 24) -----
+
+
+class DropInLoop:
+    """An agent loop written the verl way: ops only, no set_trajectory_input/output."""
+
+    @rollout_trace_op
+    async def generate(self, request_id, *, prompt_ids):
+        return {"token_ids": [7, 8]}
+
+    @rollout_trace_op
+    async def run(self, sampling_params, **kwargs):
+        await self.generate("r", prompt_ids=[1, 2])
+        return {"response_ids": [7, 8], "num_turns": 2}
+
+    @rollout_trace_op
+    def compute_score(self, answer):
+        return 0.5
+
+
+def _trajectory(exporter):
+    (traj,) = [s for s in exporter.get_finished_spans() if s.attributes.get(
+        semconv.OTEL_VERL_TRAJECTORY)]
+    return traj
+
+
+def test_trajectory_shows_its_agent_loop_when_nothing_sets_it(spans):
+    loop = DropInLoop()
+    with rollout_trace_attr(step=1, sample_index=0, name="agent_loop"):
+        asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "hi"}]))
+        record_reward(1.0, label="correct")
+    traj, run = _trajectory(spans), by_name(spans)["DropInLoop.run"]
+    assert traj.attributes[semconv.INPUT_VALUE] == run.attributes[semconv.INPUT_VALUE]
+    assert json.loads(traj.attributes[semconv.INPUT_VALUE]) == {
+        "sampling_params": {"temperature": 1.0},
+        "kwargs": {"raw_prompt": [{"role": "user", "content": "hi"}]}}
+    assert traj.attributes[semconv.INPUT_MIME_TYPE] == semconv.MIME_JSON
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {
+        "response_ids": [7, 8], "num_turns": 2, "reward": 1.0, "reward_label": "correct"}
+    assert traj.attributes[semconv.OTEL_VERL_TRAJECTORY_OP] == "DropInLoop.run"
+
+
+def test_trajectory_input_is_the_first_top_level_op_and_output_the_last(spans):
+    loop = DropInLoop()
+    with rollout_trace_attr(step=1, sample_index=0):
+        asyncio.run(loop.run({"temperature": 1.0}))
+        loop.compute_score("8")  # a second top-level op: its output (a number) is the last
+        record_reward(0.5)
+    traj = _trajectory(spans)
+    assert json.loads(traj.attributes[semconv.INPUT_VALUE])["sampling_params"] == {
+        "temperature": 1.0}
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {"output": 0.5, "reward": 0.5}
+    assert traj.attributes[semconv.OTEL_VERL_TRAJECTORY_OP] == "DropInLoop.run"
+
+
+def test_what_the_code_sets_wins_over_what_the_ops_saw(spans):
+    from otel_verl import set_trajectory_input, set_trajectory_output
+
+    loop = DropInLoop()
+    with rollout_trace_attr(step=1, sample_index=0):
+        set_trajectory_input("the question")
+        asyncio.run(loop.run({"temperature": 1.0}))
+        set_trajectory_output(answer="42")
+        record_reward(1.0)
+    traj = _trajectory(spans)
+    assert traj.attributes[semconv.INPUT_VALUE] == "the question"
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {"answer": "42", "reward": 1.0}
+    assert semconv.OTEL_VERL_TRAJECTORY_OP not in traj.attributes
+    # only the input set: the output still comes from the ops, the trajectory keeps its own name
+    spans.clear()
+    with rollout_trace_attr(step=1, sample_index=1):
+        set_trajectory_input("q2")
+        asyncio.run(loop.run({}))
+    traj = _trajectory(spans)
+    assert traj.attributes[semconv.INPUT_VALUE] == "q2"
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE])["num_turns"] == 2
+    assert semconv.OTEL_VERL_TRAJECTORY_OP not in traj.attributes
+
+
+def test_trajectory_without_ops_or_payloads_shows_only_what_it_has():
+    with capture_spans() as exporter:
+        with rollout_trace_attr(step=1, sample_index=0):
+            record_reward(1.0)
+    traj = _trajectory(exporter)
+    assert semconv.INPUT_VALUE not in traj.attributes
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {"reward": 1.0}
+    with capture_spans(capture_payloads=False) as exporter:
+        with rollout_trace_attr(step=1, sample_index=0):
+            asyncio.run(DropInLoop().run({}))
+            record_reward(1.0)
+    traj = _trajectory(exporter)
+    assert semconv.INPUT_VALUE not in traj.attributes
+    assert semconv.OUTPUT_VALUE not in traj.attributes
+
+
+def test_op_kind_follows_verls_method_names_unless_given(spans):
+    class Tool:
+        @rollout_trace_op
+        async def execute(self, instance_id, parameters):
+            return {"text": "5"}
+
+    class Other:
+        @rollout_trace_op(kind=SpanKindName.EVALUATOR)
+        def run(self):
+            return 1
+
+    loop = DropInLoop()
+    asyncio.run(loop.run({}))
+    asyncio.run(Tool().execute("i", {}))
+    Other().run()
+    loop.compute_score("x")
+    kinds = {s.name.rsplit(".", 1)[-1] + ("/other" if "Other" in s.name else ""):
+             s.attributes[semconv.OPENINFERENCE_SPAN_KIND] for s in spans.get_finished_spans()}
+    assert kinds == {"generate": "LLM", "run": "AGENT", "execute": "TOOL", "run/other": "EVALUATOR",
+                     "compute_score": "CHAIN"}
