@@ -169,12 +169,16 @@
         'the numbers are in the table below'));
       return box;
     }
+    // the title sits on the left and the toolbar (Plotly's modebar) on the right, shown only
+    // while the pointer is over the chart (app.css), so the toolbar never covers the title
+    const title = layout && layout.title ? Object.assign({x: 0.015, xanchor: 'left'}, layout.title)
+      : undefined;
     requestAnimationFrame(() => PLOTLY.newPlot(box, traces, Object.assign({
       margin: {l: 50, r: 10, t: 30, b: 40}, height: 260, hovermode: 'closest',
       legend: {orientation: 'h', y: -0.25}, font: {size: 11},
       paper_bgcolor: 'rgba(0,0,0,0)', plot_bgcolor: 'rgba(0,0,0,0)',
-    }, layout), {displaylogo: false, responsive: true,
-      modeBarButtonsToRemove: ['toImage', 'select2d', 'lasso2d']}));
+    }, layout, title ? {title} : {}), {displaylogo: false, responsive: true,
+      displayModeBar: 'hover', modeBarButtonsToRemove: ['toImage', 'select2d', 'lasso2d']}));
     return box;
   }
 
