@@ -621,7 +621,8 @@ def _cmd_ui(args: argparse.Namespace) -> int:
               flush=True)
 
     try:
-        serve(index, args.host, args.port, poll_s=args.poll, ready=ready)
+        serve(index, args.host, args.port, poll_s=args.poll, ready=ready,
+              allowed_hosts=args.allow_host or ())
     except KeyboardInterrupt:
         pass
     except OSError as error:
@@ -651,6 +652,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dir",
+        "--trace-dir",
+        dest="dir",
         default=None,
         help=f"trace store directory or file (default: ${ENV_TRACE_DIR} or ./otel_verl_traces)",
     )
@@ -681,6 +684,11 @@ def _add_viewer_parsers(commands: Any) -> None:
     ui_p.add_argument("--port", type=int, default=8686, help="port (default 8686; 0 = any free)")
     ui_p.add_argument("--poll", type=float, default=2.0,
                       help="seconds between looks for new spans while the page is open")
+    ui_p.add_argument("--allow-host", action="append", metavar="NAME",
+                      help="also answer requests whose Host header names NAME (e.g. the name a "
+                           "reverse proxy forwards; repeatable; '*' = any name). Without it the "
+                           "viewer answers only localhost, IP addresses, the --host name and, "
+                           "beyond loopback, this machine's names")
     ui_p.set_defaults(handler=_cmd_ui)
 
     report_p = commands.add_parser(

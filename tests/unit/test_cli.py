@@ -401,3 +401,28 @@ def test_compare_unknown_trace(store, capsys):
     rc, _, err = _run(capsys, "traces", "compare", ids[(1, 0, 0)][:16], "ffffffffffff",
                       "--dir", str(directory))
     assert rc == 1 and "no trace id starts with" in err
+
+
+@pytest.mark.parametrize("flag", ["--dir", "--trace-dir"])
+def test_every_store_command_takes_dir_and_trace_dir(store, capsys, monkeypatch, tmp_path, flag):
+    directory, ids = store
+    rc, out, _ = _run(capsys, "traces", "list", flag, str(directory))
+    assert rc == 0 and len(_rows(out)[1]) == 10
+    rc, out, _ = _run(capsys, "traces", "show", ids["failing"][:16], flag, str(directory))
+    assert rc == 0 and "CalculatorTool.execute" in out
+    rc, out, _ = _run(capsys, "traces", "compare", ids[(1, 0, 0)][:16], ids[(1, 0, 1)][:16],
+                      flag, str(directory))
+    assert rc == 0 and out
+    report = tmp_path / "r.html"
+    rc, _, _ = _run(capsys, "report", flag, str(directory), "-o", str(report))
+    assert rc == 0 and report.is_file()
+    served = {}
+
+    def serve(index, host, port, **kwargs):  # `ui` itself would serve until interrupted
+        served.update(trace_dir=index.trace_dir, host=host, **kwargs)
+
+    monkeypatch.setattr("otel_verl.ui.server.serve", serve)
+    rc, _, _ = _run(capsys, "ui", flag, str(directory), "--port", "0", "--allow-host", "a.lan",
+                    "--allow-host", "b.lan")
+    assert rc == 0 and served["trace_dir"] == str(directory)
+    assert served["allowed_hosts"] == ["a.lan", "b.lan"]
