@@ -643,6 +643,7 @@ class StoreIndex:
         self._cache_lock = threading.Lock()
         self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self._pending_notes: dict[str, str] = {}
+        self._orphans: set[str] = set()
         #: bumped whenever the index file is replaced (each thread then reconnects)
         self._epoch = 0
         #: bumped whenever an update changed the trajectories (the viewer polls it)
@@ -699,6 +700,13 @@ class StoreIndex:
             conn.executescript(_SCHEMA)
             if fresh:
                 self._clear(conn)
+            else:  # traces whose rows were lost (a crash between two commits, or damage)
+                self._orphans = {r[0] for r in conn.execute(
+                    "SELECT DISTINCT trace_id FROM trace_lines WHERE trace_id NOT IN "
+                    "(SELECT trace_id FROM trajectories)")}
+                if self._orphans:
+                    self._note(f"{len(self._orphans)} trace(s) in the index had no trajectory "
+                               "rows; they are regrouped")
             for key, text in self._pending_notes.items():
                 conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, _clean(text)))
             self._pending_notes.clear()
@@ -775,7 +783,7 @@ class StoreIndex:
                 known = {}
                 stats.rebuilt = True
             next_id = max((s.file_id for s in known.values()), default=0) + 1
-            dirty: set[str] = set()
+            dirty, self._orphans = (set() if stats.rebuilt else self._orphans), set()
             for path, st in seen.items():
                 state = known.get(path)
                 if state is None:

@@ -1,0 +1,346 @@
+"""Hostile stores through the viewer's read side: the index, every view and the report.
+
+One bad line or span must not hide the good ones, a damaged index file rebuilds itself and says
+so, a rotated or rewritten store file is seen as what it is, and out-of-range query numbers are
+the caller's mistake (``BadRequest``), not the server's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_verl._index import StoreIndex
+from otel_verl.store import Trajectory, list_files, step_statistics
+from otel_verl.ui.report import build_report_data
+from otel_verl.ui.server import dumps
+from otel_verl.ui.views import (
+    BadRequest,
+    group_view,
+    overview_view,
+    prompt_view,
+    trajectory_view,
+)
+
+_spec = importlib.util.spec_from_file_location(
+    "_hostile_spans", Path(__file__).resolve().parents[1] / "_hostile_spans.py")
+assert _spec is not None and _spec.loader is not None
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+
+GOOD = 6
+
+
+@pytest.fixture(scope="module")
+def good_store(tmp_path_factory) -> Path:
+    store = tmp_path_factory.mktemp("good") / "traces"
+    H.write_good_store(store, GOOD)
+    return store
+
+
+def _copy(good_store: Path, tmp_path: Path) -> Path:
+    store = tmp_path / "traces"
+    shutil.copytree(good_store, store, ignore=shutil.ignore_patterns(".otel_verl_index"))
+    return store
+
+
+def _good_keys(good_store: Path, tmp_path: Path) -> set[str]:
+    index = StoreIndex(good_store, index_path=tmp_path / "good.sqlite3")
+    index.update()
+    keys = {r["key"] for r in index.trajectories(page_size=100)["rows"]}
+    assert len(keys) == GOOD
+    return keys
+
+
+def _every_view(index: StoreIndex, good: set[str]) -> int:
+    """Run every view over the index as the server and the report would (answers must be JSON
+    the browser takes); returns how many good trajectories show their conversation."""
+    shown = 0
+    rows = index.trajectories(page_size=1000)["rows"]
+    for row in rows:
+        view = trajectory_view(index, row["key"])
+        assert view is not None
+        dumps(view).encode()
+        if row["key"] in good and view.get("messages") and not view.get("problems"):
+            shown += 1
+    dumps(overview_view(index)).encode()
+    for row in rows:
+        if isinstance(row["sample_index"], int):
+            dumps(group_view(index, row["experiment"], row["step"], row["sample_index"],
+                             row["validate"])).encode()
+            dumps(prompt_view(index, row["experiment"], row["sample_index"],
+                              row["validate"])).encode()
+    dumps(index.problems()).encode()
+    dumps(build_report_data(index)).encode()
+    return shown
+
+
+@pytest.mark.parametrize("kind", list(H.KINDS))
+def test_each_hostile_kind_leaves_every_good_trajectory_shown(kind, good_store, tmp_path):
+    good = _good_keys(good_store, tmp_path)
+    store = _copy(good_store, tmp_path)
+    H.poison_store(store, [kind])  # between good lines: the lines after it count too
+    index = StoreIndex(store)
+    index.update()
+    keys = {r["key"] for r in index.trajectories(page_size=1000)["rows"]}
+    assert good <= keys
+    assert _every_view(index, good) == GOOD
+
+
+def test_a_store_with_every_hostile_kind_shows_all_good_and_says_what_it_skipped(
+        good_store, tmp_path):
+    good = _good_keys(good_store, tmp_path)
+    store = _copy(good_store, tmp_path)
+    H.poison_store(store, list(H.KINDS))
+    index = StoreIndex(store)
+    index.update()
+    assert _every_view(index, good) == GOOD
+    problems = index.problems()
+    assert problems["bad_lines"] >= 4 and problems["bad_spans"] >= 10
+    assert problems["examples"]
+    print(f"\n{len(H.KINDS)} hostile kinds in one store: {GOOD} of {GOOD} good trajectories "
+          f"shown; {problems['bad_lines']} bad line(s), {problems['bad_spans']} bad span(s)")
+
+
+def test_hostile_attribute_payloads_keep_the_page_and_mark_it(good_store, tmp_path):
+    """A tool_calls that is a number, a call id that is a list: the poisoned trajectory's own
+    page still shows (its conversation and waterfall), and its group view and the report too."""
+    store = _copy(good_store, tmp_path)
+    ids = H.poison_store(store, ["tool_calls a number", "tool call id a list",
+                                 "tool span call id a list"])
+    index = StoreIndex(store)
+    index.update()
+    for trace_id in ids:
+        row = index.trajectories(trace_id=trace_id)["rows"][0]
+        view = trajectory_view(index, row["key"])
+        assert view is not None and view["messages"] and view["waterfall"], view
+        dumps(group_view(index, row["experiment"], row["step"], row["sample_index"],
+                         row["validate"])).encode()
+    assert len(build_report_data(index)["details"]) == GOOD + 3
+
+
+# --- property: hostile values anywhere in a span --------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats()
+    | st.text(st.characters(blacklist_categories=()), max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=8)
+_any_value = st.one_of(
+    st.dictionaries(st.sampled_from(["stringValue", "intValue", "doubleValue", "boolValue",
+                                     "arrayValue", "kvlistValue", "bytesValue"]), _json,
+                    min_size=1, max_size=1),
+    st.builds(lambda v: {"stringValue": json.dumps(v)}, _json),
+    _json)
+_FIELDS = ["name", "startTimeUnixNano", "endTimeUnixNano", "status", "events", "links",
+           "parentSpanId", "kind", "flags"]
+_ATTRIBUTES = ["rollout.step", "rollout.reward", "rollout.sample_index", "rollout.validate",
+               "rollout.experiment_name", "rollout.sampling.weight", "otel_verl.trajectory",
+               "input.value", "output.value", "gen_ai.tool.call.id", "gen_ai.tool.name",
+               "gen_ai.operation.name", "gen_ai.usage.input_tokens", "gen_ai.input.messages",
+               "gen_ai.output.messages", "openinference.span.kind", "exception.message"]
+_damage = st.lists(st.tuples(
+    st.integers(0, 20),
+    st.one_of(st.tuples(st.just("field"), st.sampled_from(_FIELDS), _json),
+              st.tuples(st.just("attribute"), st.sampled_from(_ATTRIBUTES), _any_value))),
+    min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(damage=_damage)
+def test_hostile_span_values_through_the_index_and_every_view(damage, good_store,
+                                                              tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prop")
+    good = _good_keys(good_store, tmp)
+    store = _copy(good_store, tmp)
+    template = next(iter(H.raw_traces(store).values()))
+    request, spans = H.moved_request(template, "bad" + "0" * 28 + "1")
+    for which, (where, name, value) in damage:
+        span = spans[which % len(spans)]
+        if where == "field":
+            span[name] = value
+        else:
+            H._attr(span, name, value)
+    with open(list_files(store)[0], "ab") as handle:
+        handle.write(H.line_of(request))
+        handle.write(Path(list_files(good_store)[0]).read_bytes().splitlines(True)[0])
+    index = StoreIndex(store)
+    index.update()
+    assert _every_view(index, good) == GOOD
+
+
+# --- a damaged index file -------------------------------------------------------------------
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def _garbage_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[4096: 4096 * 3] = os.urandom(4096 * 2)
+    path.write_bytes(bytes(data))
+
+
+def _sql(*statements: str):
+    def damage(path: Path) -> None:
+        conn = sqlite3.connect(path)
+        with conn:
+            for statement in statements:
+                conn.execute(statement)
+        conn.close()
+    return damage
+
+
+DAMAGE = {
+    "truncated to half": lambda p: os.truncate(p, p.stat().st_size // 2),
+    "truncated to 100 bytes": lambda p: os.truncate(p, 100),
+    "emptied": lambda p: os.truncate(p, 0),
+    "garbage bytes": _garbage,
+    "garbage pages in the middle": _garbage_middle,
+    "a text file": lambda p: p.write_text("not a database\n" * 100),
+    "another layout, same version": _sql("DROP TABLE trajectories",
+                                         "CREATE TABLE trajectories (key TEXT, x INTEGER)"),
+    "a table missing": _sql("DROP TABLE trace_lines"),
+    "another schema version": _sql("UPDATE meta SET value = '0' WHERE key = 'schema'"),
+    "shifted line offsets": _sql("UPDATE trace_lines SET offset = offset + 7"),
+    "shifted file offsets": _sql("UPDATE files SET offset = offset - 11 WHERE offset > 11"),
+    "file rows lost": _sql("DELETE FROM files"),
+    "trajectory rows lost": _sql("DELETE FROM trajectories"),
+}
+
+
+#: damage that is repaired with a message (the rest is indistinguishable from a store that
+#: changed, or from a new index, and is simply read again)
+NOTICED = {"truncated to half", "truncated to 100 bytes", "garbage bytes",
+           "garbage pages in the middle", "a text file", "another layout, same version",
+           "a table missing", "shifted line offsets", "trajectory rows lost"}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_damaged_index_rebuilds_itself_and_says_so(kind, good_store, tmp_path):
+    good = _good_keys(good_store, tmp_path)
+    store = _copy(good_store, tmp_path)
+    index = StoreIndex(store)
+    index.update()
+    index.close()
+    path = index.path
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    DAMAGE[kind](path)
+    fresh = StoreIndex(store)  # what `otel-verl ui` does when it starts
+    fresh.update()
+    fresh.update()  # a damage found while reading is repaired once, not on every update
+    assert {r["key"] for r in fresh.trajectories(page_size=100)["rows"]} >= good
+    assert _every_view(fresh, good) == GOOD
+    if kind in NOTICED:
+        assert fresh.problems()["notices"], "a damaged index is rebuilt with a message"
+
+
+def test_damage_found_by_a_running_viewer_is_repaired_and_noticed(good_store, tmp_path):
+    good = _good_keys(good_store, tmp_path)
+    store = _copy(good_store, tmp_path)
+    index = StoreIndex(store)
+    index.update()
+    _sql("UPDATE trace_lines SET offset = offset + 7")(index.path)
+    key = sorted(good)[0]
+    view = trajectory_view(index, key)
+    assert view is not None and view["messages"], view  # not "missing"
+    assert any("rebuilt" in n for n in index.problems()["notices"])
+    conn = sqlite3.connect(index.path)
+    with conn:
+        conn.execute("DROP TABLE trajectories")
+    conn.close()
+    assert {r["key"] for r in index.trajectories(page_size=100)["rows"]} == good
+
+
+# --- file identity ----------------------------------------------------------------------------
+
+def _rows(index: StoreIndex) -> set[tuple]:
+    return {(r["trace_id"], r["step"]) for r in index.trajectories(page_size=1000)["rows"]}
+
+
+def test_a_rotated_file_keeps_its_rows_and_the_new_one_is_read(tmp_path):
+    store = tmp_path / "traces"
+    H.write_good_store(store, 2, step=1)
+    index = StoreIndex(store)
+    index.update()
+    first = _rows(index)
+    (path,) = list_files(store)
+    os.rename(path, path.replace(".jsonl", ".1.jsonl"))  # the collector's rotation
+    H.write_good_store(store, 2, step=2)
+    stats = index.update()
+    assert not stats.rebuilt and stats.new_spans > 0
+    rows = _rows(index)
+    assert first <= rows and len(rows) == 4
+    key = next(r["key"] for r in index.trajectories(step=1)["rows"])
+    assert trajectory_view(index, key)["messages"]
+
+
+@pytest.mark.parametrize("grow", [False, True], ids=["rewritten", "regrown"])
+def test_a_file_rewritten_in_place_is_read_again(tmp_path, grow):
+    """Same name, same first bytes (same producer), other content: rewritten in place, or
+    truncated and grown past the indexed offset. Its old rows go, its new ones come."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    H.write_good_store(a, 2, step=1)
+    H.write_good_store(b, 4, step=2)
+    store = tmp_path / "traces"
+    store.mkdir()
+    target = store / "traces.jsonl"
+    shutil.copy(list_files(a)[0], target)
+    index = StoreIndex(store)
+    index.update()
+    assert {s for _, s in _rows(index)} == {1}
+    new = Path(list_files(b)[0]).read_bytes()
+    old_head = target.read_bytes()[:256]
+    body = old_head + new[256:] if not grow else new
+    with open(target, "r+b") as handle:  # in place: same inode
+        handle.truncate(0)
+        handle.write(body)
+    index.update()
+    rows = _rows(index)
+    assert {s for _, s in rows} == {2} and len(rows) == 4, rows
+
+
+# --- out-of-range inputs ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("call", [
+    lambda i: i.trajectories(step=2**63),
+    lambda i: i.trajectories(sample_index=-(2**64)),
+    lambda i: i.trajectories(rollout_n=10**30),
+    lambda i: i.trajectories(page=2**62, page_size=50),
+    lambda i: i.trajectories(reward_min=10**400),
+    lambda i: i.trajectories(reward_max=float("nan")),
+    lambda i: group_view(i, "hostile", 2**63, 0, None),
+    lambda i: group_view(i, "hostile", 1, 2**70, None),
+    lambda i: prompt_view(i, "hostile", -(2**63) - 1, None),
+])
+def test_out_of_range_numbers_are_a_bad_request(call, good_store, tmp_path):
+    index = StoreIndex(good_store, index_path=tmp_path / "i.sqlite3")
+    index.update()
+    with pytest.raises(BadRequest):
+        call(index)
+    assert issubclass(BadRequest, ValueError)
+    assert index.trajectories(experiment="\ud800", text="\udfff")["total"] == 0
+
+
+def test_step_statistics_survive_rewards_no_float_can_hold():
+    def trajectory(reward):
+        span = {"trace_id": "t", "span_id": "s", "parent_span_id": None, "name": "t",
+                "start_ns": 1, "end_ns": 2, "status": {"code": "OK", "message": ""},
+                "events": [], "resource": {},
+                "attributes": {"otel_verl.trajectory": True, "rollout.step": 1,
+                               "rollout.reward": reward, "rollout.sampling.weight": reward}}
+        return Trajectory("t", span, [], [span])
+
+    stats = step_statistics([trajectory(10**400), trajectory(1.0), trajectory(float("nan"))])
+    assert stats[0].traced == 3 and stats[0].reward_mean == 1.0
