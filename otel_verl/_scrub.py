@@ -22,10 +22,13 @@ assignments to sensitive names in any text (``password=...``, ``--password ...``
 key is a sensitive name. Users add regular expressions with ``redact_patterns``
 (``OTEL_VERL_REDACT_PATTERNS``).
 
-Cost: linear in bytes. Every built-in rule starts at a literal anchor found with ``str.find``
-(C speed) and is matched only there; the 40-hex rule is gated by a byte translation. The text
-stays valid JSON when it was JSON: no rule matches a quote or half an escape sequence, and the
-replacement contains neither. Lone surrogates (unencodable in UTF-8) become U+FFFD on the way.
+Cost: linear in bytes, at C speed on any content (base64, hex, repeated characters, prose: see
+the cost model above ``_TOKEN_RULES`` and ``bench/bench_scrub.py``). No rule is tried at every
+position: each starts at a literal anchor found with ``bytes.find`` or at a candidate found in a
+byte translation, and every match either fails within a bounded number of characters or the scan
+goes on after it. The text stays valid JSON when it was JSON: no rule matches a quote or half an
+escape sequence, and the replacement contains neither. Lone surrogates (unencodable in UTF-8)
+become U+FFFD on the way.
 """
 
 from __future__ import annotations
@@ -86,11 +89,22 @@ def is_sensitive_key(key: str) -> bool:
 
 
 # --- the catalogue -------------------------------------------------------------------------------
+#
+# Cost model. Python's ``re`` costs tens of nanoseconds per position it tries, and it holds the
+# GIL for the whole call: a rule tried at every position of a base64 image runs at ~2 MB/s. So no
+# rule here is tried at every position. Each is started only where a literal anchor is, and the
+# anchors are found by C loops over a one-byte-per-character copy of the text:
+#   - a "gate" character (``-``, ``_``, ``:``, ``J``, ``z``) is looked for with ``bytes.find`` of
+#     one byte (memchr, tens of GB/s); while its occurrences are few, each is checked in place;
+#     once they are many, the anchors themselves are found with ``bytes.find`` (~1.5 GB/s each);
+#   - the 40-hex W&B key and the AWS key id have no literal prefix: a byte translation maps their
+#     characters to one letter, and ``bytes.find`` of 40 (20) such letters finds every candidate;
+#   - ``Bearer``/``Basic`` values and ``name = value`` assignments are visited from the runs or
+#     the separators while those are few, else from the keywords (``pass``, ``key``, ...).
+# Every rule matched at an anchor either fails within a bounded number of characters or matches
+# to the end of a run and the scan goes on after it, so the whole pass is linear in bytes.
 
-
-#: secrets with a recognisable shape; each is a run of at least 12 "token characters", so they
-#: are searched only inside such runs (found with a byte translation, at C speed). The 40-hex
-#: W&B key rule is last: a key with a prefix of its own wins.
+#: secrets with a recognisable shape, matched at their anchors (``_ANCHORS``)
 _TOKEN_RULES: tuple[tuple[str, str], ...] = (
     ("jwt", r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"),
     ("openai_anthropic", r"sk-[A-Za-z0-9_-]{16,}"),
@@ -103,22 +117,46 @@ _TOKEN_RULES: tuple[tuple[str, str], ...] = (
     ("aws_access_key_id", r"A(?:KI|SI|BI|CC)A[0-9A-Z]{16}(?![0-9A-Za-z])"),
     ("wandb", r"(?<![0-9a-f])(?:local-)?[0-9a-f]{40}(?![0-9a-f])"),
 )
-_TOKEN = re.compile("|".join(f"(?P<{name}>{regex})" for name, regex in _TOKEN_RULES))
+_RULE = {name: re.compile(regex) for name, regex in _TOKEN_RULES}
 #: rules that need a left boundary (so "task-..." is not an "sk-" key)
 _NEEDS_BOUNDARY = frozenset({"openai_anthropic", "stripe", "github", "huggingface", "slack",
                              "google", "aws_access_key_id"})
+
+_PEM = re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY[A-Z ]{0,20}-----"
+                  r"(?:[A-Za-z0-9+/=\s:,.()-]+|\\+[nrt])*")  # \\+: newlines escaped once or more
+_URL_CREDENTIALS = re.compile(r"://[^\s:/@\"'\\]{0,200}:(?P<s>[^\s/\"'\\]{1,200})@")
+_JWT_SEGMENT = re.compile(r"[A-Za-z0-9_-]*")
+
+#: gate character -> (literal, where the gate is relative to the literal's start, rule);
+#: the literal need not contain the gate ("xox" + a letter + "-")
+_ANCHORS: dict[bytes, tuple[tuple[bytes, int, str], ...]] = {
+    b"-": ((b"sk-", 2, "openai_anthropic"), (b"xapp-", 4, "slack"), (b"xox", 4, "slack"),
+           (b"-----BEGIN", 0, "pem")),
+    b"_": (*((p + b"_", 2, "stripe") for p in (b"sk_live", b"sk_test", b"rk_live", b"rk_test")),
+           (b"whsec_", 5, "stripe"), *((b"gh" + c + b"_", 3, "github") for c in
+                                       (b"p", b"o", b"u", b"s", b"r")),
+           (b"github_pat_", 6, "github_fine_grained"), (b"hf_", 2, "huggingface")),
+    b":": ((b"://", 0, "url_credentials"),),
+    b"J": ((b"eyJ", 2, "jwt"),),  # only where the text has a "." at all
+    b"z": ((b"AIza", 2, "google"),),
+}
+
+_HEX_MASK = bytes(ord("h") if chr(i) in "0123456789abcdef" else ord(" ") for i in range(256))
+_HEX40 = b"h" * 40
+_UPPER_MASK = bytes(ord("U") if chr(i) in "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ" else ord(" ")
+                    for i in range(256))
+_UPPER20 = b"U" * 20
+
 _RUN_MIN = 12
 #: token characters -> "x", others -> " " (non-ASCII characters were already made "?")
 _RUN_MASK = bytes(ord("x") if (chr(i).isascii() and (chr(i).isalnum() or chr(i) in "_-+/=."))
                   else ord(" ") for i in range(256))
 _RUN = b"x" * _RUN_MIN
 #: "Authorization: Bearer <run>": a scheme word right before a run makes the run a secret
+_SCHEME_WORDS = (b"bearer", b"basic", b"token", b"digest", b"negotiate")
 _SCHEME_BEFORE = re.compile(r"(?i:bearer|basic|token|digest|negotiate)\s+$")
 _SCHEME_VALUE = re.compile(r"(?=[A-Za-z0-9._~+/=-]*[0-9+/=])[A-Za-z0-9._~+/=-]{12,}")
-
-_PEM = re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY[A-Z ]{0,20}-----"
-                  r"(?:[A-Za-z0-9+/=\s:,.()-]|\\[nrt])*")
-_URL_CREDENTIALS = re.compile(r"://[^\s:/@\"'\\]{0,200}:(?P<s>[^\s/\"'\\]{1,200})@")
+_SPACES = re.compile(r"\s+")
 
 #: names of the built-in rules, for documentation and tests
 CATALOGUE: tuple[str, ...] = (*(name for name, _ in _TOKEN_RULES), "pem_private_key",
@@ -132,12 +170,19 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _NAME_MASK = bytes(ord("k") if (chr(i).isascii() and (chr(i).isalnum() or chr(i) in "_.-"))
                    else ord(" ") for i in range(256))
 _MAX_KEY = 64
+#: every sensitive name (``is_sensitive_key``) contains one of these (lower case)
+_KEYWORDS = (b"pass", b"pwd", b"secret", b"credential", b"key", b"auth", b"cookie", b"session",
+             b"jwt", b"token")
 _SCHEME = r"(?:(?i:bearer|basic|token|digest|negotiate|apikey)\s+)?"
-#: after a quoted name ("api_key": "...", \"password\": \"...\"): the value must be quoted too,
-#: so a JSON number or null is never replaced by a string (the JSON stays valid)
-_QUOTED_VALUE = re.compile(r"\s*\\?[\"']" + _SCHEME + r"(?P<s>" + _VALUE + r"{1,500})")
+#: after a quoted name ("api_key": "...", \"password\": \"...\", \\\"token\\\": ...: JSON
+#: serialised once or more): the value must be quoted too, so a JSON number or null is never
+#: replaced by a string (the JSON stays valid)
+_QUOTED_VALUE = re.compile(r"\s*\\*[\"']" + _SCHEME + r"(?P<s>" + _VALUE + r"{1,500})")
 _PLAIN_VALUE = re.compile(r"\s*\\?[\"']?" + _SCHEME + r"(?P<s>" + _VALUE + r"{1,500})")
+_SCHEME_WORD = re.compile(r"(?i:bearer|basic|token|digest|negotiate|apikey)\s")
 _FLAG_ASSIGN = re.compile(r"(?:\s*=\s*|\s+)\\?[\"']?(?P<s>" + _VALUE + r"{1,500})")
+#: backslashes before the quote that ends a name: one per level of JSON serialisation
+_MAX_ESCAPES = 16
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPES = frozenset("nrtbf")
@@ -153,104 +198,322 @@ def _boundary_ok(text: str, pos: int) -> bool:
     return before in _ESCAPES and pos >= 2 and text[pos - 2] == "\\"
 
 
-class _Finder:
-    """Collects the spans to replace in one string."""
+def _budget(n: int, per: int) -> int:
+    """How many occurrences are visited one by one (in Python) before a C-speed scan takes over."""
+    return 32 + n // per
 
-    __slots__ = ("ascii", "spans", "text")
+
+def _gated_starts(data: bytes, gate: bytes, anchors: tuple[tuple[bytes, int, str], ...]
+                  ) -> list[tuple[int, bytes, str]] | None:
+    """Where each anchor of ``gate`` starts in ``data`` (position, literal, rule), unsorted;
+    None when the gate character is too frequent for a visit each."""
+    found: list[tuple[int, bytes, str]] = []
+    budget = _budget(len(data), 2048)
+    pos = data.find(gate)
+    while pos != -1:
+        budget -= 1
+        if budget < 0:
+            return None
+        for literal, offset, rule in anchors:
+            start = pos - offset
+            if start >= 0 and data.startswith(literal, start):
+                found.append((start, literal, rule))
+        pos = data.find(gate, pos + 1)
+    return found
+
+
+#: the shortest secret of any prefixed rule: "xoxb-" and 10 characters
+_TOKEN_MIN = b"x" * 15
+
+
+class _Finder:
+    """Collects the spans to replace in one string (see the cost model above)."""
+
+    __slots__ = ("_lower", "_names", "_runs", "ascii", "spans", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         # one byte per character (non-ASCII -> "?"), so byte offsets are character offsets
         self.ascii = text.encode("ascii", "replace")
         self.spans: list[tuple[int, int]] = []
+        self._lower: bytes | None = None
+        self._names: bytes | None = None
+        self._runs: bytes | None = None
 
-    def runs(self) -> None:
-        """Shaped secrets (keys, tokens, JWTs) and Bearer/Basic values, inside long runs."""
-        text = self.text
-        if len(text) < _RUN_MIN:
-            return
-        mask = self.ascii.translate(_RUN_MASK)
-        pos = mask.find(_RUN)
-        while pos != -1:
-            end = mask.find(b" ", pos)
-            if end == -1:
-                end = len(mask)
-            for match in _TOKEN.finditer(text, pos, end):
-                if match.lastgroup not in _NEEDS_BOUNDARY or _boundary_ok(text, match.start()):
-                    self.spans.append(match.span())
-            if _SCHEME_BEFORE.search(text, max(0, pos - 12), pos) is not None:
-                value = _SCHEME_VALUE.match(text, pos, end)
-                if value is not None:
-                    self.spans.append(value.span())
-            pos = mask.find(_RUN, end)
+    def lower(self) -> bytes:
+        if self._lower is None:
+            self._lower = self.ascii.lower()
+        return self._lower
+
+    def names(self) -> bytes:
+        if self._names is None:
+            self._names = self.ascii.translate(_NAME_MASK)
+        return self._names
+
+    def runs_mask(self) -> bytes:
+        if self._runs is None:
+            self._runs = self.ascii.translate(_RUN_MASK)
+        return self._runs
+
+    # shaped secrets ------------------------------------------------------------------------------
 
     def anchored(self) -> None:
-        """PEM private key blocks and credentials in URLs."""
-        text = self.text
-        pos = text.find("-----BEGIN")
-        while pos != -1:
-            match = _PEM.match(text, pos)
+        """Prefixed keys and tokens, JWTs, PEM private key blocks, credentials in URLs."""
+        data = self.ascii
+        for gate, anchors in _ANCHORS.items():
+            if gate == b"J" and data.find(b".") == -1:
+                continue  # a JWT has dots
+            starts = _gated_starts(data, gate, anchors)
+            if starts is None:  # many gates: find each literal, jumping as each rule allows
+                for literal, _, rule in anchors:
+                    state = [0]
+                    pos = data.find(literal)
+                    while pos != -1:
+                        pos = data.find(literal, self._at(rule, pos, state))
+            else:
+                states: dict[bytes, list[int]] = {}
+                resume: dict[bytes, int] = {}
+                for start, literal, rule in sorted(starts):
+                    if start >= resume.get(literal, 0):
+                        resume[literal] = self._at(rule, start, states.setdefault(literal, [0]))
+
+    def _at(self, rule: str, start: int, state: list[int]) -> int:
+        """Match ``rule`` at its anchor ``start``; returns where the next anchor may be.
+
+        ``state[0]``: the end of a match refused for its left boundary ("task-..."): an anchor
+        before it matches to the same end, so only its own boundary is left to check.
+        """
+        text, data, spans = self.text, self.ascii, self.spans
+        if rule == "pem":
+            key = data.find(b"PRIVATE KEY", start + 10)
+            if key == -1:
+                return len(data)
+            if key - start > 50:  # "-----BEGIN", up to 40 characters, "PRIVATE KEY"
+                return key - 50
+            match = _PEM.match(text, start)
+            if match is None:
+                return start + 10
+            spans.append(match.span())
+            return match.end()
+        if rule == "url_credentials":
+            at = data.find(b"@", start + 3)
+            if at == -1:
+                return len(data)
+            if at - start > 404:  # "://", up to 200, ":", up to 200, "@"
+                return at - 404
+            match = _URL_CREDENTIALS.match(text, start)
             if match is not None:
-                self.spans.append(match.span())
-            pos = text.find("-----BEGIN", match.end() if match is not None else pos + 10)
-        pos = text.find("://")
-        while pos != -1:
-            match = _URL_CREDENTIALS.match(text, pos)
+                spans.append(match.span("s"))
+            return start + 3
+        runs = self.runs_mask()
+        if not runs.startswith(_TOKEN_MIN, start):  # too short here: on to the next long run
+            run = runs.find(_TOKEN_MIN, start + 1)
+            return len(data) if run == -1 else run
+        if start < state[0] and not _boundary_ok(text, start):
+            return start + 1
+        match = _RULE[rule].match(text, start)
+        if rule == "jwt":
+            # every "eyJ" up to the end of this first segment matches (or fails) to the same end;
+            # one in the next segment may start a longer chain
             if match is not None:
-                self.spans.append(match.span("s"))
-            pos = text.find("://", pos + 3)
+                spans.append(match.span())
+            return _JWT_SEGMENT.match(text, start + 3).end()  # type: ignore[union-attr]
+        if match is None:
+            return start + 1
+        if rule not in _NEEDS_BOUNDARY or _boundary_ok(text, start):
+            spans.append(match.span())
+            return match.end()
+        state[0] = match.end()
+        return start + 1
+
+    def unprefixed(self) -> None:
+        """The 40-hex W&B key (optionally ``local-``) and AWS access key ids, from byte masks."""
+        text, data, spans = self.text, self.ascii, self.spans
+        n = len(data)
+        hexes = data.translate(_HEX_MASK)
+        pos = hexes.find(_HEX40)
+        while pos != -1:
+            end = hexes.find(b" ", pos)
+            if end == -1:
+                end = n
+            if end - pos == 40:
+                spans.append((pos - 6 if text.startswith("local-", pos - 6) else pos, end))
+            pos = hexes.find(_HEX40, end)
+        uppers = data.translate(_UPPER_MASK)
+        pos = uppers.find(_UPPER20)
+        while pos != -1:
+            end = uppers.find(b" ", pos)
+            if end == -1:
+                end = n
+            match = _RULE["aws_access_key_id"].match(text, pos)
+            if match is not None and _boundary_ok(text, pos):
+                spans.append(match.span())
+            pos = uppers.find(_UPPER20, end)
+
+    def schemes(self) -> None:
+        """``Bearer``/``Basic``/``Token`` values: a scheme word, spaces, a run of 12+ characters."""
+        text, spans = self.text, self.spans
+        mask = self.runs_mask()
+        n = len(mask)
+        budget = _budget(n, 1024)
+        pos = mask.find(_RUN)
+        while pos != -1:  # from the runs, while they are few
+            budget -= 1
+            if budget < 0:
+                break
+            end = mask.find(b" ", pos)
+            if end == -1:
+                end = n
+            if pos > 0 and text[pos - 1].isspace() and \
+                    _SCHEME_BEFORE.search(text, max(0, pos - 12), pos) is not None:
+                value = _SCHEME_VALUE.match(text, pos, end)
+                if value is not None:
+                    spans.append(value.span())
+            pos = mask.find(_RUN, end)
+        else:
+            return
+        lower = self.lower()  # many runs: from the scheme words instead
+        for word in _SCHEME_WORDS:
+            pos = lower.find(word)
+            while pos != -1:
+                after = pos + len(word)
+                if after < n and text[after].isspace():
+                    spaces = _SPACES.match(text, after)
+                    start = spaces.end() if spaces is not None else after
+                    if mask.startswith(_RUN, start):
+                        end = mask.find(b" ", start)
+                        value = _SCHEME_VALUE.match(text, start, n if end == -1 else end)
+                        if value is not None:
+                            spans.append(value.span())
+                pos = lower.find(word, after)
+
+    # assignments ---------------------------------------------------------------------------------
 
     def assignments(self) -> None:
         """``name = value`` / ``"name": "value"`` / ``--name value`` with a sensitive name.
 
-        Visits each ``:`` and ``=`` (and each ``--``): the name right before it is checked with
-        ``is_sensitive_key``, so the cost follows the number of separators, not of keywords.
+        While separators (``:``, ``=``, ``--``) are few, each is visited and the name right before
+        it is checked with ``is_sensitive_key``; where they are many, each keyword a sensitive
+        name must contain (``_KEYWORDS``) is found instead and its name checked.
+        """
+        if not self._by_separators():
+            self._by_keywords()
+
+    def _value_after(self, sep: int, start: int, end: int, quoted: bool) -> int:
+        """The value after a separator at ``sep``, when ``text[start:end]`` is a sensitive name.
+
+        Returns where the value ends when it was shorter than the cap (a name inside it needs
+        no visit: its own value ends there too), else -1.
         """
         text = self.text
-        # where separators are dense, a mask (name characters -> "k", others -> " ") puts a
-        # name's start one rfind away; where they are few, a short loop per separator is cheaper
-        names: bytes | None = None
-        dense = len(text) >> 9
-        visits = 0
-        spans = self.spans
-        for sep in (":", "="):
-            pos = text.find(sep)
+        if start < end and is_sensitive_key(text[start:end]) and \
+                (not quoted or (start > 0 and text[start - 1] in "\"'")):
+            match = (_QUOTED_VALUE if quoted else _PLAIN_VALUE).match(text, sep + 1)
+            if match is not None:
+                value_start, value_end = match.span("s")
+                self.spans.append((value_start, value_end))
+                return value_end if value_end - value_start < 500 else -1
+        return -1
+
+    def _flag(self, pos: int, end: int) -> None:
+        """``--name value`` where ``text[pos:end]`` is ``--name``."""
+        text = self.text
+        if end > pos + 2 and _boundary_ok(text, pos) and is_sensitive_key(text[pos:end]):
+            match = _FLAG_ASSIGN.match(text, end)
+            if match is not None:
+                self.spans.append(match.span("s"))
+
+    def _by_separators(self) -> bool:
+        """False (and nothing done) when separators are too many for a visit each."""
+        text, data = self.text, self.ascii
+        n = len(data)
+        budget = _budget(n, 512)
+        seps: list[int] = []
+        for sep in (b":", b"="):
+            pos = data.find(sep)
             while pos != -1:
-                visits += 1
-                if names is None and visits > dense:
-                    names = self.ascii.translate(_NAME_MASK)
-                end = pos
-                while end > 0 and pos - end < 8 and text[end - 1] in " \t":
+                seps.append(pos)
+                if len(seps) > budget:
+                    return False
+                pos = data.find(sep, pos + 1)
+        flags: list[int] = []
+        if data.find(b"-") != -1:
+            pos = data.find(b"--")
+            while pos != -1:
+                flags.append(pos)
+                if len(flags) + len(seps) > budget:
+                    return False
+                pos = data.find(b"--", pos + 2)
+        names = self.names() if len(seps) > n >> 9 else None
+        for pos in seps:
+            end = pos
+            while end > 0 and pos - end < 8 and text[end - 1] in " \t":
+                end -= 1
+            quoted = end > 0 and text[end - 1] in "\"'"
+            if quoted:
+                end -= 1
+                floor = max(0, end - _MAX_ESCAPES)
+                while end > floor and text[end - 1] == "\\":
                     end -= 1
-                quoted = end > 0 and text[end - 1] in "\"'"
-                if quoted:
-                    end -= 1
-                    if end > 0 and text[end - 1] == "\\":
-                        end -= 1
-                floor = max(0, end - _MAX_KEY)
-                if names is not None:
-                    start = names.rfind(b" ", floor, end) + 1 or floor
-                else:
-                    start = end
-                    while start > floor and text[start - 1] in _NAME_CHARS:
-                        start -= 1
-                if start < end and is_sensitive_key(text[start:end]) and \
-                        (not quoted or (start > 0 and text[start - 1] in "\"'")):
-                    match = (_QUOTED_VALUE if quoted else _PLAIN_VALUE).match(text, pos + 1)
-                    if match is not None:
-                        spans.append(match.span("s"))
-                pos = text.find(sep, pos + 1)
-        pos = text.find("--")
-        while pos != -1:
+            floor = max(0, end - _MAX_KEY)
+            if names is not None:
+                start = names.rfind(b" ", floor, end) + 1 or floor
+            else:
+                start = end
+                while start > floor and text[start - 1] in _NAME_CHARS:
+                    start -= 1
+            self._value_after(pos, start, end, quoted)
+        last = -1
+        for pos in flags:
+            if pos < last:
+                continue
             end = pos + 2
-            ceiling = min(len(text), end + _MAX_KEY)
+            ceiling = min(n, end + _MAX_KEY)
             while end < ceiling and text[end] in _NAME_CHARS:
                 end += 1
-            if end > pos + 2 and _boundary_ok(text, pos) and is_sensitive_key(text[pos:end]):
-                match = _FLAG_ASSIGN.match(text, end)
-                if match is not None:
-                    spans.append(match.span("s"))
-            pos = text.find("--", max(end, pos + 2))
+            self._flag(pos, end)
+            last = end
+        return True
+
+    def _by_keywords(self) -> None:
+        text = self.text
+        lower = self.lower()
+        names = self.names()
+        n = len(names)
+        for keyword in _KEYWORDS:
+            covered = -1  # the end of the last value redacted whole (shorter than the cap)
+            pos = lower.find(keyword)
+            while pos != -1:
+                end = names.find(b" ", pos)
+                if end == -1:
+                    end = n
+                start = names.rfind(b" ", 0, pos) + 1
+                # name [separator]: backslashes and a quote, spaces, then ":" or "="
+                after = end
+                ceiling = min(n, end + _MAX_ESCAPES)
+                while after < ceiling and text[after] == "\\":
+                    after += 1
+                quoted = after < n and text[after] in "\"'"
+                if quoted:
+                    after += 1
+                elif after > end:
+                    after = n  # backslashes without a quote: no assignment
+                spaces = after
+                while after < n and after - spaces < 8 and text[after] in " \t":
+                    after += 1
+                if after < n and text[after] in ":=":
+                    if after + 1 < covered and _SCHEME_WORD.match(text, after + 1) is None:
+                        # inside that value: its own value ends there too
+                        pos = lower.find(keyword, end)
+                        continue
+                    covered = max(covered, self._value_after(after, max(start, end - _MAX_KEY),
+                                                             end, quoted))
+                flag = text.find("--", start, end)  # --name, anywhere in this name's run
+                while flag != -1:
+                    flag_end = min(end, flag + 2 + _MAX_KEY)
+                    self._flag(flag, flag_end)
+                    flag = text.find("--", max(flag_end, flag + 2), end)
+                pos = lower.find(keyword, end)
 
     def extra(self, patterns: Sequence[re.Pattern[str]]) -> None:
         for pattern in patterns:
@@ -261,23 +524,28 @@ class _Finder:
     def result(self) -> tuple[str, int]:
         if not self.spans:
             return self.text, 0
-        self.spans.sort()
-        parts: list[str] = []
-        last = 0
-        count = 0
-        for start, end in self.spans:
-            if end <= last:
-                continue
-            if start < last:  # overlapping spans merge into one redaction
-                start = last
-            else:
-                count += 1
-            parts.append(self.text[last:start])
-            parts.append(REDACTED)
-            last = end
-        parts.append(self.text[last:])
-        # merged neighbours produce "[REDACTED][REDACTED]": keep one
-        return "".join(parts).replace(REDACTED + REDACTED, REDACTED), count
+        return _apply(self.text, self.spans)
+
+
+def _apply(text: str, spans: list[tuple[int, int]]) -> tuple[str, int]:
+    """``text`` with each span (merged where they overlap) replaced by ``REDACTED``."""
+    spans.sort()
+    parts: list[str] = []
+    last = 0
+    count = 0
+    for start, end in spans:
+        if end <= last:
+            continue
+        if start < last:  # overlapping spans merge into one redaction
+            start = last
+        else:
+            count += 1
+        parts.append(text[last:start])
+        parts.append(REDACTED)
+        last = end
+    parts.append(text[last:])
+    # merged neighbours produce "[REDACTED][REDACTED]": keep one
+    return "".join(parts).replace(REDACTED + REDACTED, REDACTED), count
 
 
 def fix_surrogates(text: str) -> str:
@@ -319,8 +587,9 @@ def _scrub_short(text: str) -> tuple[str | None, int]:
 def _scrub(text: str, extra: Sequence[re.Pattern[str]]) -> tuple[str, int]:
     text = fix_surrogates(text)
     finder = _Finder(text)
-    finder.runs()
     finder.anchored()
+    finder.unprefixed()
+    finder.schemes()
     finder.assignments()
     if extra:
         finder.extra(extra)
