@@ -79,3 +79,61 @@ def test_bad_store_is_shown_with_what_was_skipped(page, real_store, tmp_path, ar
     finally:
         server.stop()
     assert any("bad line" in line for line in server.log), server.log
+
+
+def _hostile():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_hostile_spans", Path(__file__).resolve().parents[1] / "_hostile_spans.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_poisoned_store_serves_every_good_trajectory(page, real_store, tmp_path, artifacts):
+    """Every hostile kind of tests/_hostile_spans.py, one poisoned line each, between the good
+    lines of a real store: every good trajectory is listed and its page served, the poisoned
+    ones that decode are listed too, and the banner says what was skipped."""
+    from urllib.parse import quote
+
+    from otel_verl._index import StoreIndex
+
+    hostile = _hostile()
+    good_index = StoreIndex(real_store, index_path=tmp_path / "good.sqlite3")
+    good_index.update()
+    good = {r["key"] for r in good_index.trajectories(page_size=5000)["rows"]}
+    store = tmp_path / "poisoned"
+    shutil.copytree(real_store, store, ignore=shutil.ignore_patterns(".otel_verl_index"))
+    poisoned = hostile.poison_store(store)
+    server = UIProcess(store)
+    try:
+        goto(page, server.url, "#/overview")
+        banner = page.get_by_test_id("problems")
+        expect(banner).to_contain_text("bad line(s) skipped")
+        expect(banner).to_contain_text("undecodable span(s) skipped")
+        expect(page.get_by_test_id("steps-table").first).to_be_visible()
+        shot(page, artifacts, "poisoned-store")
+        listed = page.request.get(f"{server.url}api/trajectories?page_size=5000").json()["rows"]
+        keys = {r["key"] for r in listed}
+        assert good <= keys
+        served = 0
+        for key in sorted(good):
+            answer = page.request.get(f"{server.url}api/trajectory?key={quote(key)}")
+            assert answer.status == 200, answer.text()
+            if answer.json().get("messages") or answer.json().get("waterfall"):
+                served += 1
+        assert served == len(good)
+        print(f"\n{len(hostile.KINDS)} hostile kinds: {served} of {len(good)} good trajectories "
+              f"served; {len(keys) - len(good)} poisoned trajectories listed")
+        # a poisoned trajectory whose tool_calls is a number: its page and its group render
+        row = next(r for r in listed if r["trace_id"] == poisoned[
+            list(hostile.KINDS).index("tool_calls a number")])
+        goto(page, server.url, f"#/trajectory?key={row['key']}")
+        expect(page.get_by_test_id("conversation")).to_be_visible()
+        shot(page, artifacts, "poisoned-trajectory")
+        for key in sorted(good)[:3]:
+            goto(page, server.url, f"#/trajectory?key={key}")
+            expect(page.get_by_test_id("conversation")).to_be_visible()
+    finally:
+        server.stop()
