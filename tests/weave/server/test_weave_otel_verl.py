@@ -85,7 +85,14 @@ def test_otel_verl_rollouts_arrive_as_verl_shaped_calls(traced):
     per_traj = 1 + 1 + 2 * (1 + 1) + 2  # trajectory, run, 2x (generate + chat), 2x execute
     assert len(calls) == len(STEPS) * per_traj
     roots = traced.calls("ent/proj", trace_roots_only=True)
-    assert len(roots) == len(STEPS) and {r.op_name for r in roots} == {"rollout_trace"}
+    # nothing but the ops described each trajectory: its root call is named after the agent
+    # loop (a roots-only filter on ToolAgentLoop.run finds it, as with verl's backend) and shows
+    # the loop's input and output plus the reward; the span's own name is kept
+    assert len(roots) == len(STEPS) and {r.op_name for r in roots} == {"ToolAgentLoop.run"}
+    assert {r.attributes["otel"]["span_name"] for r in roots} == {"rollout_trace"}
+    for r in roots:
+        assert r.inputs["sampling_params"] == {"temperature": 1.0}
+        assert r.output == {"num_turns": 4, "reward": 0.25}
     by_id = {c.id: c for c in calls}
     for c in calls:
         assert c.attributes["experiment_name"] == "exp-ov"

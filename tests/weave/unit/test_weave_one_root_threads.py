@@ -223,3 +223,32 @@ def test_replay_keeps_what_the_server_could_not_take_yet(recorder, tmp_path):
     recorder.statuses = []
     counts = replay(tmp_path, api_key=API_KEY, base_url=recorder.url, timeout_s=5)
     assert counts["delivered"] == 4 and counts["files_sent"] == 1
+
+
+def dropin_agent_loop(tracer, traj, t):  # verl's drop-in API: nothing but the ops, then reward
+    with _op(tracer, "ToolAgentLoop.run", traj, child=True, **{"openinference.span.kind": "AGENT"}):
+        _turns(tracer, traj, chat=False)
+    t.set_attribute("rollout.reward", 1.0)
+    t.set_attribute("otel_verl.trajectory_op", "ToolAgentLoop.run")  # otel_verl sets it at end
+
+
+@pytest.mark.parametrize("otel_attributes", [True, False])
+def test_a_trajectory_only_its_ops_describe_is_named_after_its_agent_loop(recorder,
+                                                                          otel_attributes):
+    """A roots-only filter on the agent loop's op finds each trajectory once (verl's backend:
+    ``ToolAgentLoop.run`` is the root); the trajectory's own name and attributes stay."""
+    _, calls = _export(recorder, _two_trajectories(dropin_agent_loop),
+                       include_otel_attributes=otel_attributes)
+    roots = [c for c in calls if c["parent_id"] is None]
+    assert [r["op_name"] for r in roots] == ["ToolAgentLoop.run"] * 2
+    assert all(r["display_name"] is None and r["attributes"]["reward"] == 1.0 for r in roots)
+    if otel_attributes:
+        assert {r["attributes"]["otel"]["span_name"] for r in roots} == {"agent_loop"}
+    by_id = {c["id"]: c for c in calls}
+    runs = [c for c in calls if c["op_name"] == "ToolAgentLoop.run" and c["parent_id"]]
+    assert len(runs) == 2 and all(by_id[r["parent_id"]] in roots for r in runs)
+    # verl's shape (trajectory dropped) is unchanged: the agent loop itself is the root
+    recorder.requests.clear()
+    _, calls = _export(recorder, _two_trajectories(dropin_agent_loop), keep_trajectory_spans=False)
+    assert sorted(c["op_name"] for c in calls if c["parent_id"] is None) == \
+        ["ToolAgentLoop.run"] * 2

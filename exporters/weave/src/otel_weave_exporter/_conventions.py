@@ -20,6 +20,9 @@ ROLLOUT_EXPERIMENT_NAME: Final = "rollout.experiment_name"
 #: structural markers: the trajectory span, and spans whose parent is a trajectory span
 OTEL_VERL_TRAJECTORY: Final = "otel_verl.trajectory"
 OTEL_VERL_TRAJECTORY_CHILD: Final = "otel_verl.trajectory_child"
+#: on a trajectory span nothing described itself: the name of its agent loop op (its first
+#: top-level op), whose input and output (with the reward) the trajectory span then carries
+OTEL_VERL_TRAJECTORY_OP: Final = "otel_verl.trajectory_op"
 
 # --- OpenInference / GenAI ----------------------------------------------------------------------
 INPUT_VALUE: Final = "input.value"

@@ -9,7 +9,11 @@ The mapping (``docs/weave.md`` has the table):
   shape) it is dropped instead and its direct children become roots; ``rollout.*`` attributes
   only it has are copied onto them when both are in the same export batch.
 * ``op_name`` = the span name as a plain string (what Weave's own OTel ingestion does), shortened
-  to 128 chars with a hash suffix when longer.
+  to 128 chars with a hash suffix when longer. A trajectory span that names its agent loop op
+  (``otel_verl.trajectory_op``: set by otel_verl when nothing but the ops described the
+  trajectory, i.e. verl's drop-in API) takes that op's name, so a roots-only filter on
+  ``ToolAgentLoop.run`` finds each trajectory once, as with verl's own weave backend; the span's
+  own name stays under ``attributes.otel.span_name``.
 * ``inputs`` / ``output`` from ``input.value`` / ``output.value``: text declared
   ``application/json`` by its ``*.mime_type`` is passed through as raw JSON (spliced into the
   request body, never parsed and re-encoded; see ``_encode``), other text is parsed when it is
@@ -367,6 +371,12 @@ class Translator:
                 turn_id = span_id
 
         name = span.name
+        agent_op = attrs.get(c.OTEL_VERL_TRAJECTORY_OP) if attrs.get(c.OTEL_VERL_TRAJECTORY) \
+            else None
+        if isinstance(agent_op, str) and agent_op:  # the trajectory's root call
+            if self.include_otel_attributes:
+                call_attrs["otel"]["span_name"] = name
+            name = agent_op  # named after its agent loop, as verl's root call is
         op_name = shorten(name, c.MAX_OP_NAME_CHARS)
         if display is None and op_name != name:
             display = name
