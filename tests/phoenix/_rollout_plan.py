@@ -16,6 +16,8 @@ from otel_verl.rollout.tools import CalculatorTool
 
 PROJECT = "otel-verl-phoenix-tier"
 EXPERIMENT = "grpo-demo"
+#: the Phoenix project of the drop-in API rollout (tests/rollout/_dropin_agent.py)
+DROPIN_PROJECT = "otel-verl-phoenix-dropin"
 
 
 def call(expression: str) -> str:

@@ -27,7 +27,14 @@ for path in (HERE, ROOT / "tests" / "rollout"):  # --import-mode=importlib: help
         sys.path.insert(0, str(path))
 
 from _phoenix_server import PhoenixServer  # noqa: E402
-from _rollout_plan import EXPERIMENT, PROJECT, TRAJECTORIES, Rollout, run_all  # noqa: E402
+from _rollout_plan import (  # noqa: E402
+    DROPIN_PROJECT,
+    EXPERIMENT,
+    PROJECT,
+    TRAJECTORIES,
+    Rollout,
+    run_all,
+)
 
 from otel_verl import RolloutTraceConfig  # noqa: E402
 
@@ -75,6 +82,32 @@ def rollout(phoenix: PhoenixServer) -> Rollout:
         time.sleep(0.5)
     assert stored == expected, f"phoenix stored {stored} spans of {expected}"
     return Rollout(TRAJECTORIES, stats, time.monotonic() - started, outputs)
+
+
+@pytest.fixture(scope="session")
+def dropin_rollout(phoenix: PhoenixServer) -> Any:
+    """verl's drop-in API (no set_trajectory_*), sent to its own Phoenix project."""
+    import _dropin_agent as d
+
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init(DROPIN_PROJECT, d.EXPERIMENT, "otlp", otlp_endpoint=phoenix.url,
+                            otlp_protocol="http/protobuf", schedule_delay_s=0.2,
+                            trace_dir=str(ARTIFACTS / "otel_verl_traces_dropin"))
+    asyncio.run(d.run_all())
+    assert RolloutTraceConfig.shutdown(30)
+    RolloutTraceConfig.reset()
+    expected = sum(s.spans for s in d.SAMPLES)
+    deadline = time.monotonic() + 120
+    stored = -1
+    while time.monotonic() < deadline:
+        data = phoenix.graphql("query($n: String!) { getProjectByName(name: $n) { recordCount } }",
+                               n=DROPIN_PROJECT)
+        stored = (data["getProjectByName"] or {}).get("recordCount", -1)
+        if stored >= expected:
+            break
+        time.sleep(0.5)
+    assert stored == expected, f"phoenix stored {stored} spans of {expected}"
+    return d.SAMPLES
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _browser import Browser, chromium_path
 from _phoenix_server import PhoenixServer
-from _rollout_plan import EXPERIMENT, PROJECT, Q1, Rollout, Trajectory
+from _rollout_plan import DROPIN_PROJECT, EXPERIMENT, PROJECT, Q1, Rollout, Trajectory
 
 from otel_verl.integrations.phoenix import annotate_rewards
 
@@ -80,6 +80,31 @@ def test_root_row_reads_prompt_in_answer_and_reward_out(rollout: Rollout, phoeni
         assert json.loads(root["metadata"]) == {
             "step": 1, "sample_index": t.sample_index, "rollout_n": t.rollout_n,
             "validate": t.validate, "experiment_name": EXPERIMENT}
+
+
+def test_dropin_api_root_rows_show_the_agent_loops_input_and_output(dropin_rollout,
+                                                                    phoenix: PhoenixServer):
+    """verl's drop-in API (rollout_trace_attr + rollout_trace_op + record_reward, nothing else):
+    each root row shows the agent loop's input (the prompt) and its output with the reward."""
+    data = phoenix.graphql(ROOTS, n=DROPIN_PROJECT)["getProjectByName"]
+    roots = [edge["node"] for edge in data["spans"]["edges"]]
+    shown = [r for r in roots if (r["input"] or {}).get("value") and
+             (r["output"] or {}).get("value")]
+    print(f"\nphoenix, drop-in API: {len(shown)} of {len(roots)} root rows have input and output")
+    assert len(roots) == len(dropin_rollout) and len(shown) == len(roots)
+    by_key = {(m["step"], m["sample_index"], m["rollout_n"]): r for r in roots
+              for m in [json.loads(r["metadata"])]}
+    for sample in dropin_rollout:
+        root = by_key[(sample.step, sample.sample_index, sample.rollout_n)]
+        assert (root["name"], root["spanKind"]) == ("agent_loop", "agent")
+        inputs = json.loads(root["input"]["value"])
+        assert inputs["kwargs"]["raw_prompt"] == [{"role": "user", "content": sample.question}]
+        output = json.loads(root["output"]["value"])
+        assert output["_type"] == "AgentLoopOutput" and output["reward"] == sample.reward
+        assert output["num_turns"] == sample.llm_turns + sample.tool_calls
+        spans = [e["node"] for e in root["trace"]["spans"]["edges"]]
+        kinds = Counter(s["spanKind"] for s in spans if s["name"] == "LLMServerClient.generate")
+        assert kinds == {"llm": sample.llm_turns}  # verl's generate is an LLM span here too
 
 
 def test_llm_spans_carry_messages_and_token_counts(rollout: Rollout, phoenix: PhoenixServer):
