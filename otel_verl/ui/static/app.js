@@ -83,6 +83,10 @@
       ([, v]) => v !== null && v !== undefined && v !== ''));
     const response = await fetch('api/' + route + '?' + new URLSearchParams(clean));
     if (response.status === 404) return null;
+    if (response.status === 400) {  // a filter out of range: the server names it
+      const body = await response.json().catch(() => ({}));
+      throw new Error(route + ': ' + (body.error || 'bad request'));
+    }
     if (!response.ok) throw new Error(route + ': HTTP ' + response.status);
     return response.json();
   }
