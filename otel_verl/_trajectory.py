@@ -297,7 +297,7 @@ def set_trajectory_input(value: Any) -> None:
 
     A string (e.g. the user's question) is kept as plain text (``text/plain``), anything else
     becomes JSON; both by the payload rules (caps, redaction, ``capture_payloads``). Does nothing
-    outside a recorded trajectory.
+    outside a recorded trajectory. Without it, the trajectory's input is its first top-level op's.
     """
     traj = TRAJECTORY.get()
     if traj is None or traj.span is None or not traj.span.is_recording():
@@ -319,6 +319,7 @@ def set_trajectory_output(**fields: Any) -> None:
 
     The outcome (with the reward of ``record_reward``) becomes the trajectory span's
     ``output.value`` when the trajectory ends. Does nothing outside a recorded trajectory.
+    Without it, the output is the last top-level op's output merged with the reward.
     """
     outcome = _OUTCOME.get()
     if outcome is not None:
