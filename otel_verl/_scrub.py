@@ -34,14 +34,31 @@ become U+FFFD on the way.
 from __future__ import annotations
 
 import functools
+import importlib
+import logging
 import re
+import sys
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+try:  # user patterns with a time limit (``pip install otel-verl[regex]``); see _UserPatterns
+    import regex as _regex
+except ImportError:  # pragma: no cover - depends on the environment
+    _regex = None
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, Status
+
+# the parser behind ``re`` (to look at a pattern's structure): re._parser since 3.11
+_sre_parser: Any = importlib.import_module("re._parser" if sys.version_info >= (3, 11)
+                                           else "sre_parse")
+_sre_constants: Any = importlib.import_module("re._constants" if sys.version_info >= (3, 11)
+                                              else "sre_constants")
 
 __all__ = [
     "CATALOGUE",
@@ -52,6 +69,8 @@ __all__ = [
     "is_sensitive_key",
     "scrub",
 ]
+
+_log = logging.getLogger("otel_verl")
 
 REDACTED = "[REDACTED]"
 #: attribute carrying how many secrets were redacted on a span (capture + span end)
@@ -572,10 +591,76 @@ def scrub(text: str, extra: Sequence[re.Pattern[str]] = ()) -> tuple[str, int]:
     if len(text) <= _SHORT and not extra:  # names, kinds, ids: the same few values on every span
         out, count = _scrub_short(text)
         return (text, 0) if out is None else (out, count)
-    return _scrub(text, extra)
+    if extra or len(text) < _CACHE_MIN:
+        return _scrub(text, extra)
+    hit = _CACHE.get(text)
+    if hit is not None:
+        return hit
+    out, count = _scrub(text, ())
+    _CACHE.put(text, out, count)
+    return out, count
 
 
 _SHORT = 256
+#: strings at least this long are remembered once scrubbed (``_Cache``)
+_CACHE_MIN = 4096
+
+
+class _Cache:
+    """What long strings scrubbed to, so that content seen again (the same prompt on every turn,
+    a GRPO group's shared prompt) is not scanned again.
+
+    Keyed by the string itself: the lookup is the string's own hash (computed once per string
+    object, at C speed) and an exact comparison, so a collision can never return another string's
+    result. Bounded in bytes (the strings held, input and output) and in entries, least recently
+    used first out. Thread-safe and never blocking: when another thread holds the lock (or held
+    it across a fork), the cache is skipped, not waited for.
+    """
+
+    def __init__(self, max_bytes: int = 32 << 20, max_entries: int = 512) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.bytes = 0
+        self.hits = 0
+        self._entries: OrderedDict[str, tuple[str, int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> tuple[str, int] | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            entry = self._entries.get(text)
+            if entry is None:
+                return None
+            self._entries.move_to_end(text)
+            self.hits += 1
+            return entry[0], entry[1]
+        finally:
+            self._lock.release()
+
+    def put(self, text: str, out: str, count: int) -> None:
+        size = sys.getsizeof(text) + (sys.getsizeof(out) if out is not text else 0)
+        if size > self.max_bytes // 4 or not self._lock.acquire(blocking=False):
+            return
+        try:
+            old = self._entries.pop(text, None)
+            if old is not None:
+                self.bytes -= old[2]
+            self._entries[text] = (out, count, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes or len(self._entries) > self.max_entries:
+                _, (_, _, dropped) = self._entries.popitem(last=False)
+                self.bytes -= dropped
+        finally:
+            self._lock.release()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
+
+
+_CACHE = _Cache()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -601,6 +686,133 @@ def compile_patterns(patterns: Iterable[str]) -> tuple[re.Pattern[str], ...]:
     return tuple(re.compile(p) for p in patterns)
 
 
+# --- user patterns, under a time budget ----------------------------------------------------------
+
+#: the time one span's strings may spend in user patterns (``Scrubber(budget_s=...)``)
+DEFAULT_BUDGET_S = 1.0
+#: a pattern that overran its budget this many times is no longer run (fail closed)
+_MAX_STRIKES = 3
+
+
+def backtracks_catastrophically(pattern: str) -> bool:
+    """True for a pattern whose backtracking can grow without bound with the input's length.
+
+    The shapes that blow up in a backtracking engine: a repeat inside a repeat where the inner one
+    has a variable length (``(a+)+``, ``(\\w+\\s?)*``, ``(a{1,3}){2,}``), a repeated alternation
+    (``(a|aa)+``), and backreferences. Atomic groups and possessive repeats are not counted
+    (they do not backtrack into their body). A pattern ``re`` cannot parse counts as one.
+    """
+    try:
+        parsed = _sre_parser.parse(pattern)
+    except Exception:
+        return True
+    c = _sre_constants
+    repeats = (c.MAX_REPEAT, c.MIN_REPEAT)
+
+    def walk(items: Any, outer: bool) -> bool:
+        for op, av in items:
+            if op in repeats:
+                low, high, body = av
+                repeated = high is c.MAXREPEAT or high > 1
+                if outer and low != high:
+                    return True
+                if walk(body, outer or repeated):
+                    return True
+            elif op is c.SUBPATTERN:
+                if walk(av[-1], outer):
+                    return True
+            elif op is c.BRANCH:
+                if outer or any(walk(branch, outer) for branch in av[1]):
+                    return True
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                if walk(av[1], outer):
+                    return True
+            elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                return True
+        return False
+
+    return walk(parsed, False)
+
+
+class _UserPatterns:
+    """``redact_patterns``, run so that none can freeze the process.
+
+    Python's ``re`` cannot be interrupted and holds the GIL while it matches: one catastrophic
+    pattern (``(a+)+$`` on a long run of ``a``) stops every thread for minutes, shutdown
+    included. So:
+
+    - with the ``regex`` module installed (``otel-verl[regex]``), each pattern runs under the
+      time left in the span's budget (``timeout=``); a pattern that overran it
+      ``_MAX_STRIKES`` times is not run again;
+    - without it, the patterns run with ``re``, except those that
+      ``backtracks_catastrophically`` finds: they are refused (a warning says which);
+    - either way, a string a pattern could not be run on is not exported: it is replaced by
+      ``[REDACTED]`` whole and counted (fail closed).
+    """
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self.compiled: list[tuple[str, Any, bool]] = []  # (pattern, compiled, has a timeout)
+        self.refused: list[str] = []
+        self.strikes: dict[str, int] = {}
+        self.lock = threading.Lock()
+        for pattern in patterns:
+            if _regex is not None:
+                try:
+                    self.compiled.append((pattern, _regex.compile(pattern), True))
+                    continue
+                except Exception:  # syntax regex reads differently: fall back to re
+                    pass
+            if backtracks_catastrophically(pattern):
+                self.refused.append(pattern)
+                _log.warning(
+                    "redact_patterns: %r can backtrack without bound (nested or alternated "
+                    "repeats), and without the regex module it cannot be given a time limit; it "
+                    "is not run, and every string it would check is exported as [REDACTED]. "
+                    "Install otel-verl[regex], or rewrite it", pattern)
+            else:
+                self.compiled.append((pattern, re.compile(pattern), False))
+
+    def spans(self, text: str, deadline: float) -> list[tuple[int, int]] | None:
+        """The spans to redact, or None when some pattern could not be run in time."""
+        if self.refused:
+            return None
+        found: list[tuple[int, int]] = []
+        for pattern, compiled, timed in self.compiled:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            began = time.monotonic()
+            try:
+                if timed:
+                    matches = compiled.finditer(text, timeout=left)
+                else:
+                    matches = compiled.finditer(text)
+                for n, match in enumerate(matches):
+                    if match.end() > match.start():
+                        found.append(match.span())
+                    if n & 255 == 255 and time.monotonic() > deadline:
+                        self._strike(pattern)
+                        return None
+            except TimeoutError:
+                self._strike(pattern)
+                return None
+            if time.monotonic() - began > left:  # re: ran past its budget (cannot be stopped)
+                self._strike(pattern)
+                return None
+        return found
+
+    def _strike(self, pattern: str) -> None:
+        """One more overrun for ``pattern``; at ``_MAX_STRIKES`` it is refused."""
+        with self.lock:
+            self.strikes[pattern] = self.strikes.get(pattern, 0) + 1
+            if self.strikes[pattern] >= _MAX_STRIKES and pattern not in self.refused:
+                self.refused.append(pattern)
+                self.compiled = [entry for entry in self.compiled if entry[0] != pattern]
+                _log.warning("redact_patterns: %r ran past its time budget %d times; it is no "
+                             "longer run, and every string it would check is exported as "
+                             "[REDACTED]", pattern, _MAX_STRIKES)
+
+
 # --- spans ---------------------------------------------------------------------------------------
 
 
@@ -611,13 +823,51 @@ class Scrubber:
         extra_patterns: more regular expressions whose matches are redacted.
     """
 
-    def __init__(self, extra_patterns: Iterable[str] = ()) -> None:
-        self.extra = compile_patterns(extra_patterns)
+    def __init__(self, extra_patterns: Iterable[str] = (),
+                 budget_s: float = DEFAULT_BUDGET_S) -> None:
+        patterns = tuple(extra_patterns)
+        self.extra = compile_patterns(patterns)
+        self.budget_s = budget_s
+        self._user = _UserPatterns(patterns) if patterns else None
+        self._cache = _Cache(16 << 20) if patterns else _CACHE
+        self._local = threading.local()
+        #: strings exported as [REDACTED] whole because a user pattern could not run in time
+        self.failed_closed = 0
         self._resources: dict[int, tuple[Resource, Resource, int]] = {}
 
+    def stats(self) -> dict[str, int]:
+        """Counters: strings failed closed, patterns refused, cache hits and bytes held."""
+        return {"redact_failed_closed": self.failed_closed,
+                "redact_patterns_refused": len(self._user.refused) if self._user else 0,
+                "redact_cache_hits": self._cache.hits, "redact_cache_bytes": self._cache.bytes}
+
     def text(self, text: str) -> tuple[str, int]:
-        """One string through the catalogue (and the extra patterns)."""
-        return scrub(text, self.extra)
+        """One string through the catalogue (and the extra patterns, within the span's budget)."""
+        user = self._user
+        if user is None:
+            return scrub(text)
+        if type(text) is not str:
+            text = str.__str__(text)
+        if len(text) < 5:
+            return fix_surrogates(text), 0
+        long = len(text) >= _CACHE_MIN
+        if long:
+            hit = self._cache.get(text)
+            if hit is not None:
+                return hit
+        out, count = scrub(text)
+        deadline = getattr(self._local, "deadline", None)
+        spans = user.spans(out, deadline if deadline is not None
+                           else time.monotonic() + self.budget_s)
+        if spans is None:  # fail closed: never export what could not be checked
+            self.failed_closed += 1
+            return REDACTED, count + 1
+        if spans:
+            out, more = _apply(out, spans)
+            count += more
+        if long:
+            self._cache.put(text, out, count)
+        return out, count
 
     def value(self, key: str | None, value: Any) -> tuple[Any, int]:
         """An attribute value (str, number, bool, bytes or a sequence of them)."""
@@ -679,10 +929,13 @@ class Scrubber:
 
     def __call__(self, span: ReadableSpan) -> ReadableSpan:
         """A scrubbed copy of ``span`` (the same object when nothing needed redaction)."""
+        self._local.deadline = time.monotonic() + self.budget_s
         try:
             return self._scrub_span(span)
         except Exception:  # never lose a span to the scrubber: drop what could not be checked
             return _stripped(span)
+        finally:
+            self._local.deadline = None
 
     def _scrub_span(self, span: ReadableSpan) -> ReadableSpan:
         total = 0

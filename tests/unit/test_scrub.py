@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -207,3 +208,195 @@ def test_redact_off_exports_as_recorded():
             pass
     span = next(s for s in exporter.get_finished_spans() if s.name == "x")
     assert span.attributes["api_key"] == "visible"
+
+
+# --- encodings: escaped newlines, JSON serialised more than once ---------------------------------
+
+_PEM_ESCAPED = ("-----BEGIN RSA PRIVATE KEY-----\\nMIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM2Ks9\\n"
+                "kq1Vr2C+Yb7wTs/hOi0o9Zg==\\n-----END RSA PRIVATE KEY-----")
+
+
+@pytest.mark.parametrize("levels", [0, 1, 2, 3])
+@pytest.mark.parametrize(("value", "secret"), [
+    (_PEM_ESCAPED, "MIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM2Ks9"),
+    ('{"api_key": "Zq9PlainSecretValue42", "n": 1}', "Zq9PlainSecretValue42"),
+    ('{"password":"hunter2hunter2"}', "hunter2hunter2"),
+], ids=["pem_escaped_newlines", "api_key_json", "password_compact_json"])
+def test_secrets_survive_no_level_of_json_serialisation(value, secret, levels):
+    text = value
+    for _ in range(levels):
+        text = json.dumps(text)
+    out, count = scrub(text)
+    assert secret not in out and count >= 1
+    for _ in range(levels):  # still valid JSON at every level
+        out = json.loads(out)
+
+
+# --- every anchor is found, whatever the density (the C-speed paths) -----------------------------
+
+_FRAGMENTS = [
+    "sk-proj-abcdefghijklmnop1234", "task-", "sk-", "sk_live_", "rk_test_abcdefghijklmnopqrst",
+    "whsec_", "ghp_", "gho_abcdefghijklmnopqrstuvwxyz0123456789", "hf_abcdefghijklmnopqrstuvwxyz12",
+    "github_pat_11ABCDEFG0123456789_abcdefghijklmnop", "xoxb-1234567890-abc", "xapp-",
+    "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q", "AKIAIOSFODNN7EXAMPLE", "ASIA", "local-",
+    "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432", "eyJhbGciOiJIUzI1NiIs", ".eyJzdWIiOiIxMjM0NTY3",
+    ".", "-----BEGIN RSA PRIVATE KEY-----", "\\n", "\\\\n", "MIIEpAIBAAKCAQEA3Tz2", "://", "u:p@",
+    "@", ":", "=", "--", "--password", "password", "api_key", '"', "'", "\\", " ", "\t", "\n",
+    "Bearer ", "token ", "abcDEF123456ghiJKL789", "x", "a", "A", "0", "_", "-", "é", "key",
+    "secret", "max_tokens", ",", "{", "}",
+]
+_texts = st.lists(st.sampled_from(_FRAGMENTS), min_size=1, max_size=14).map("".join)
+_dense_texts = st.tuples(_texts, st.integers(1, 60)).map(lambda t: t[0] * t[1])
+
+
+def _covered(spans) -> set[int]:
+    return {i for start, end in spans for i in range(start, end)}
+
+
+def _oracle(text: str) -> set[int]:
+    """Every shaped rule tried at every position (what ``re.finditer`` over each rule would find
+    if no match hid another): the slow definition the fast pass must cover."""
+    from otel_verl import _scrub as s
+
+    spans = []
+    for name, regex in s._TOKEN_RULES:
+        compiled = re.compile(regex)
+        for pos in range(len(text)):
+            match = compiled.match(text, pos)
+            if match is not None and (name not in s._NEEDS_BOUNDARY
+                                      or s._boundary_ok(text, pos)):
+                spans.append(match.span())
+    return _covered(spans)
+
+
+def _fast(text: str) -> set[int]:
+    from otel_verl._scrub import _Finder
+
+    finder = _Finder(text)
+    finder.anchored()
+    finder.unprefixed()
+    return _covered(finder.spans)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(_texts, _dense_texts))
+def test_anchored_pass_finds_every_match_at_every_position(text):
+    assert _oracle(text) <= _fast(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_texts, _dense_texts))
+def test_keyword_pass_finds_what_the_separator_pass_finds(text):
+    from otel_verl import _scrub as s
+
+    by_separators = s._Finder(text)
+    original = s._budget
+    s._budget = lambda n, per: 10**9  # visit every separator
+    try:
+        assert by_separators._by_separators()
+    finally:
+        s._budget = original
+    by_keywords = s._Finder(text)
+    by_keywords._by_keywords()
+    assert _covered(by_separators.spans) <= _covered(by_keywords.spans)
+
+
+@pytest.mark.parametrize("content", ["base64", "hex", "repeated", "prose"])
+def test_long_token_like_runs_keep_their_secrets(content):
+    """A key planted in the middle of a long base64/hex/repeated/prose run is still found."""
+    import base64
+    import random
+
+    rng = random.Random(7)
+    filler = {
+        "base64": base64.b64encode(rng.randbytes(150_000)).decode(),
+        "hex": rng.randbytes(100_000).hex(),
+        "repeated": "x" * 200_000,
+        "prose": " ".join(rng.choice(["the", "model", "tool", "reward", "answer"])
+                          for _ in range(40_000)),
+    }[content]
+    half = len(filler) // 2
+    text = (filler[:half] + " sk-proj-abcdefghijklmnop1234 password=hunter2x "
+            + _PEM_ESCAPED + " " + filler[half:])
+    out, count = scrub(text)
+    assert "abcdefghijklmnop1234" not in out and "hunter2x" not in out
+    assert "MIIEpAIBAAKCAQEA3Tz2" not in out and count >= 3
+    assert scrub(filler)[1] == 0
+
+
+# --- the cache of long strings --------------------------------------------------------------------
+
+
+def test_the_same_long_content_is_scanned_once(monkeypatch):
+    from otel_verl import _scrub as s
+
+    s._CACHE.clear()
+    calls = []
+    real = s._scrub
+    monkeypatch.setattr(s, "_scrub", lambda text, extra: calls.append(1) or real(text, extra))
+    prompt = "system: you are helpful. api_key=Zq9PlainSecretValue42 " + "the tool said ok. " * 2000
+    first = scrub(prompt)
+    again = scrub("".join([prompt]))  # the same content, another string object
+    assert first == again and "Zq9PlainSecretValue42" not in again[0]
+    assert len(calls) == 1 and s._CACHE.hits >= 1
+
+
+def test_cache_is_bounded_and_thread_safe():
+    import threading
+
+    from otel_verl._scrub import _Cache
+
+    cache = _Cache(max_bytes=1 << 20, max_entries=50)
+
+    def fill(seed: int) -> None:
+        for i in range(300):
+            text = f"{seed}-{i}-" + "y" * 8000
+            cache.put(text, text, 0)
+            assert cache.get(text) in (None, (text, 0))
+
+    threads = [threading.Thread(target=fill, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(cache._entries) <= 50 and 0 < cache.bytes <= 1 << 20
+    assert cache.bytes == sum(size for _, _, size in cache._entries.values())
+
+
+# --- user patterns: no pattern can freeze the process ----------------------------------------------
+
+
+@pytest.mark.parametrize(("pattern", "catastrophic"), [
+    ("(a+)+$", True), ("(a|aa)+", True), (r"(\w+\s?)*$", True), (r"(a{1,3}){2,}", True),
+    (r"(x)\1", True), (r"ACME-\d{5}", False), (r"[\w.+-]+@[\w-]+\.[\w.]+", False),
+    (r"(?:\d{3}-){2}\d{4}", False), (r"\bticket-[0-9a-f]{8}\b", False),
+])
+def test_catastrophic_patterns_are_recognised(pattern, catastrophic):
+    from otel_verl._scrub import backtracks_catastrophically
+
+    assert backtracks_catastrophically(pattern) is catastrophic
+
+
+def test_a_catastrophic_pattern_without_regex_fails_closed(monkeypatch, caplog):
+    from otel_verl import _scrub as s
+
+    monkeypatch.setattr(s, "_regex", None)
+    with caplog.at_level(logging.WARNING, logger="otel_verl"):
+        scrubber = Scrubber(["(a+)+$", r"ACME-\d{5}"])
+    assert "(a+)+$" in caplog.text
+    span = _span(name="op", attributes={"input.value": "a" * 18 + "b ACME-12345", "n": 1})
+    out = scrubber(span)
+    # never exported unchecked: every string it could not check (keys too) is [REDACTED] whole
+    assert "aaaa" not in out.to_json() and "ACME-12345" not in out.to_json()
+    assert set(out.attributes) == {REDACTED, "n", semconv.OTEL_VERL_REDACTED}  # "n": too short
+    assert out.context == span.context and out.end_time == span.end_time
+    assert scrubber.stats()["redact_patterns_refused"] == 1
+    assert scrubber.stats()["redact_failed_closed"] >= 1
+
+
+def test_a_span_past_its_budget_fails_closed():
+    scrubber = Scrubber([r"ACME-\d{5}"], budget_s=0.0)
+    out = scrubber(_span(name="ticket ACME-12345", attributes={"note": "fine text here"}))
+    assert out.name == REDACTED and out.attributes["note"] == REDACTED
+    assert out.attributes[semconv.OTEL_VERL_REDACTED] >= 2
+    assert Scrubber([r"ACME-\d{5}"])(_span(name="ticket ACME-12345")).name == "ticket [REDACTED]"

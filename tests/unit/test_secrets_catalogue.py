@@ -64,6 +64,13 @@ SECRETS: list[tuple[str, str, str]] = [
     ("password_assign", "hunter2hunter2", "login user=bob password=hunter2hunter2"),
     ("password_flag", "CorrectHorseBattery9", "run.sh --password CorrectHorseBattery9 --fast"),
     ("key_name_assign", "plainValue77", "config api_key: plainValue77"),
+    # encodings of promised shapes: newlines already escaped (a PEM read from a JSON config or a
+    # .env file), and a JSON document serialised twice (a tool result holding JSON text)
+    ("pem_escaped_newlines", "MIIEowIBAAKCAQEAq8Vw3Lr2Nf5Zt9Hk0Pd1Xc",
+     "-----BEGIN PRIVATE KEY-----\\nMIIEowIBAAKCAQEAq8Vw3Lr2Nf5Zt9Hk0Pd1Xc\\n"
+     "Yb7wTs/hOi0o9Zg==\\n-----END PRIVATE KEY-----"),
+    ("api_key_double_json", "Zq9PlainSecretValue42",
+     json.dumps(json.dumps({"api_key": "Zq9PlainSecretValue42", "n": 1}))),
 ]
 
 
