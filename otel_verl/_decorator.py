@@ -174,7 +174,8 @@ class _OpCall:
             elif spec.has_self and args:
                 owner = args[0]
             if outcome is not None:
-                outcome.op_started(spec.name, attrs.get(semconv.INPUT_VALUE))
+                outcome.op_started(spec.name, attrs.get(semconv.INPUT_VALUE),
+                                   spec.kind == semconv.SpanKindName.AGENT)
             span = runtime.tracer.start_span(spec.name, attributes=attrs)
             token = otel_context.attach(otel_trace.set_span_in_context(span))
         except Exception as exc:
@@ -233,7 +234,8 @@ class _OpCall:
                 set_payload(self.span, output=dict(as_dict(output), **extra) if extra else output)
                 if self.outcome is not None:
                     attrs = getattr(self.span, "attributes", None) or {}
-                    self.outcome.op_ended(attrs.get(semconv.OUTPUT_VALUE))
+                    self.outcome.op_ended(attrs.get(semconv.OUTPUT_VALUE),
+                                          self.spec.kind == semconv.SpanKindName.AGENT)
             self.span.end()
         except Exception as exc:
             _errors.internal_error(exc, f"finishing span {self.spec.name}")

@@ -12,10 +12,11 @@ What a viewer's list of traces shows for a trajectory (its root span): ``input.v
 agent loop names with ``set_trajectory_input`` (the prompt), ``output.value`` = the outcome
 (``set_trajectory_output(answer=...)`` merged with the reward of ``record_reward``), written when
 the trajectory ends, through the payload rules. When nothing sets them (verl's drop-in API:
-``rollout_trace_attr`` + ``rollout_trace_op`` + ``record_reward``), the input is the first
-top-level op's input and the output the last top-level op's output merged with the reward; with
-neither set, ``otel_verl.trajectory_op`` names that first op (the agent loop), so a backend with
-one row per trajectory (Weave) can name the row after it. Every span inside also carries ``session.id`` (the
+``rollout_trace_attr`` + ``rollout_trace_op`` + ``record_reward``), they come from the agent
+loop, the first top-level op of kind AGENT (verl's ``*.run``; else the first top-level op): the
+input is its input, the output its output (else the last top-level op's) merged with the reward;
+with neither set, ``otel_verl.trajectory_op`` names that op, so a backend with one row per
+trajectory (Weave) can name the row after it. Every span inside also carries ``session.id`` (the
 GRPO group: experiment, step, sample index, so a viewer groups the n rollouts of one prompt) and
 ``metadata`` (the trajectory attributes under verl's names, as JSON: Phoenix filters on
 ``metadata['step']``).
@@ -48,25 +49,29 @@ class Outcome:
     for what nothing set, its top-level ops' payloads. Shared by reference with the asyncio tasks
     inside the trajectory; the top-level ops of ``_decorator`` write to it."""
 
-    __slots__ = ("fields", "first_input", "first_op", "input_set", "last_output", "output_set")
+    __slots__ = ("agent", "fields", "first_input", "first_op", "input_set", "last_output",
+                 "output_set")
 
     def __init__(self) -> None:
         self.fields: dict[str, Any] = {}
         self.input_set = False
         self.output_set = False
+        #: the agent loop: the first top-level op of kind AGENT (``*.run``), else the first one
         self.first_op: str | None = None
-        #: the first top-level op's ``input.value`` (JSON text, already capped)
+        self.agent = False
+        #: its ``input.value`` (JSON text, already capped)
         self.first_input: str | None = None
-        #: the last top-level op's ``output.value`` to end (JSON text, already capped)
+        #: the ``output.value`` (JSON text, already capped) of the last top-level op to end (of
+        #: the last AGENT op once there is one: a reward op after the run does not replace it)
         self.last_output: str | None = None
 
-    def op_started(self, name: str, input_json: Any) -> None:
-        if self.first_op is None:
-            self.first_op = name
+    def op_started(self, name: str, input_json: Any, agent: bool) -> None:
+        if self.first_op is None or (agent and not self.agent):
+            self.first_op, self.agent = name, agent
             self.first_input = input_json if type(input_json) is str else None
 
-    def op_ended(self, output_json: Any) -> None:
-        if type(output_json) is str:
+    def op_ended(self, output_json: Any, agent: bool) -> None:
+        if type(output_json) is str and (agent or not self.agent):
             self.last_output = output_json
 
 
@@ -180,8 +185,8 @@ def rollout_trace_attr(
 
 def _show_outcome(span: Span, outcome: Outcome) -> None:
     """The trajectory's ``input.value``/``output.value`` at its end (never raises): what the code
-    set, else what its top-level ops saw (the first one's input; the last one's output merged with
-    the outcome fields, the reward)."""
+    set, else what its agent loop op saw (see the module docstring), the output merged with the
+    outcome fields (the reward)."""
     try:
         if not outcome.input_set and outcome.first_input is not None:
             span.set_attributes({semconv.INPUT_VALUE: outcome.first_input,
@@ -297,7 +302,7 @@ def set_trajectory_input(value: Any) -> None:
 
     A string (e.g. the user's question) is kept as plain text (``text/plain``), anything else
     becomes JSON; both by the payload rules (caps, redaction, ``capture_payloads``). Does nothing
-    outside a recorded trajectory. Without it, the trajectory's input is its first top-level op's.
+    outside a recorded trajectory. Without it, the trajectory's input is its agent loop op's.
     """
     traj = TRAJECTORY.get()
     if traj is None or traj.span is None or not traj.span.is_recording():
@@ -319,7 +324,7 @@ def set_trajectory_output(**fields: Any) -> None:
 
     The outcome (with the reward of ``record_reward``) becomes the trajectory span's
     ``output.value`` when the trajectory ends. Does nothing outside a recorded trajectory.
-    Without it, the output is the last top-level op's output merged with the reward.
+    Without it, the output is the agent loop op's output merged with the reward.
     """
     outcome = _OUTCOME.get()
     if outcome is not None:

@@ -45,8 +45,9 @@ OTEL_VERL_TRAJECTORY: Final = "otel_verl.trajectory"
 #: span and promote its children, the way verl's weave backend shapes the tree)
 OTEL_VERL_TRAJECTORY_CHILD: Final = "otel_verl.trajectory_child"
 #: on a trajectory span that nothing described itself (no ``set_trajectory_input/output``): the
-#: name of its first top-level op (the agent loop's, e.g. ``ToolAgentLoop.run``), whose input and
-#: output (with the reward) the trajectory then shows; the Weave exporter names its root call so
+#: name of its agent loop op (its first top-level AGENT op, else its first top-level op, e.g.
+#: ``ToolAgentLoop.run``), whose input and output (with the reward) the trajectory then shows;
+#: the Weave exporter names its root call so
 OTEL_VERL_TRAJECTORY_OP: Final = "otel_verl.trajectory_op"
 #: names of the payload fields that were cut to fit the size caps (list of str)
 OTEL_VERL_TRUNCATED: Final = "otel_verl.truncated"

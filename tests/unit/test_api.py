@@ -531,16 +531,37 @@ def test_trajectory_shows_its_agent_loop_when_nothing_sets_it(spans):
     assert traj.attributes[semconv.OTEL_VERL_TRAJECTORY_OP] == "DropInLoop.run"
 
 
-def test_trajectory_input_is_the_first_top_level_op_and_output_the_last(spans):
+def test_without_an_agent_op_input_is_the_first_top_level_op_and_output_the_last(spans):
     loop = DropInLoop()
     with rollout_trace_attr(step=1, sample_index=0):
-        asyncio.run(loop.run({"temperature": 1.0}))
+        asyncio.run(loop.generate("r", prompt_ids=[1]))
         loop.compute_score("8")  # a second top-level op: its output (a number) is the last
         record_reward(0.5)
     traj = _trajectory(spans)
-    assert json.loads(traj.attributes[semconv.INPUT_VALUE])["sampling_params"] == {
-        "temperature": 1.0}
+    assert json.loads(traj.attributes[semconv.INPUT_VALUE]) == {"request_id": "r",
+                                                                "prompt_ids": [1]}
     assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {"output": 0.5, "reward": 0.5}
+    assert traj.attributes[semconv.OTEL_VERL_TRAJECTORY_OP] == "DropInLoop.generate"
+
+
+def test_the_agent_loop_op_wins_over_ops_beside_it(spans):
+    """Tool create/release or a reward op beside ``run`` (verl's worker): the row is the run."""
+    class Tool:
+        @rollout_trace_op
+        def create(self, instance_id):
+            return {"created": instance_id}
+
+    loop, tool = DropInLoop(), Tool()
+    with rollout_trace_attr(step=1, sample_index=0):
+        tool.create("i0")
+        asyncio.run(loop.run({"temperature": 1.0}))
+        loop.compute_score("8")
+        record_reward(0.5)
+    traj = _trajectory(spans)
+    assert json.loads(traj.attributes[semconv.INPUT_VALUE]) == {"sampling_params": {
+        "temperature": 1.0}, "kwargs": {}}
+    assert json.loads(traj.attributes[semconv.OUTPUT_VALUE]) == {
+        "response_ids": [7, 8], "num_turns": 2, "reward": 0.5}
     assert traj.attributes[semconv.OTEL_VERL_TRAJECTORY_OP] == "DropInLoop.run"
 
 
