@@ -743,6 +743,7 @@ class DurableSpanExporter(SpanExporter):
             if self._stream is None:
                 self._stream = self._open_stream()
                 self._seq = max(self._stream.segments(), default=0)
+                self._stream.cursor = (self._seq + 1, 0)  # where its first record goes
             if self._fd is None or self._seg_size >= self._segment_bytes:
                 self._open_segment()
             assert self._fd is not None
@@ -865,7 +866,7 @@ class DurableSpanExporter(SpanExporter):
                 while True:
                     if self._stopping and (self._deadline is None
                                            or time.monotonic() >= self._deadline
-                                           or not self._busy()):
+                                           or not self._busy(self._deadline)):
                         self._release_waiters(all_=True)
                         return
                     now = time.monotonic()
@@ -883,9 +884,11 @@ class DurableSpanExporter(SpanExporter):
             with self._cond:
                 self._release_waiters()
 
-    def _busy(self) -> bool:
-        """Something is left to deliver: this process's spans, or an adopted log that reads."""
-        return self._pending > 0 or any(not s.read_errors for s in self._adopted)
+    def _busy(self, until: float = 0.0) -> bool:
+        """Something is left to deliver: this process's spans, or an adopted log that reads (or
+        that is to be read again before ``until``)."""
+        return self._pending > 0 or any(not s.read_errors or s.retry_at < until
+                                        for s in self._adopted)
 
     def _own_wait(self, now: float) -> float:
         """Seconds until this process's own log should be sent from (inf: nothing to send)."""

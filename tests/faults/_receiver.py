@@ -41,6 +41,14 @@ class FaultyReceiver:
         self.received: Counter[str] = Counter()
         self.requests = 0
         self.request_bytes: list[int] = []
+        #: spans whose name is here make their request refused for good (HTTP 400, gRPC
+        #: INVALID_ARGUMENT) while the others are accepted: a poison span
+        self.refuse_names: set[str] = set()
+        #: span ids accepted per HTTP request path (two endpoints on one server)
+        self.by_path: dict[str, Counter[str]] = {}
+        #: with keep_bodies, the bytes of every accepted request (to look for secrets)
+        self.keep_bodies = False
+        self.bodies: list[bytes] = []
         self._mode = "ok"
         self._changed = threading.Condition()
         self._server: Any = None
@@ -89,8 +97,22 @@ class FaultyReceiver:
             while self._mode == "hang":
                 self._changed.wait(0.5)
 
-    def _accept(self, request: trace_service_pb2.ExportTraceServiceRequest, size: int) -> None:
+    def _poisoned(self, request: trace_service_pb2.ExportTraceServiceRequest) -> bool:
+        names = self.refuse_names
+        return bool(names) and any(span.name in names for rs in request.resource_spans
+                                   for ss in rs.scope_spans for span in ss.spans)
+
+    def _accept(self, request: trace_service_pb2.ExportTraceServiceRequest, size: int,
+                path: str = "") -> None:
         with self._lock:
+            if self.keep_bodies:
+                self.bodies.append(request.SerializeToString())
+            if path:
+                counter = self.by_path.setdefault(path, Counter())
+                for rs in request.resource_spans:
+                    for ss in rs.scope_spans:
+                        for span in ss.spans:
+                            counter[span.span_id.hex()] += 1
             self.requests += 1
             self.request_bytes.append(size)
             for rs in request.resource_spans:
@@ -133,6 +155,8 @@ class FaultyReceiver:
                     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow down")
                 if mode in ("503", "close", "refuse"):
                     context.abort(grpc.StatusCode.UNAVAILABLE, "unavailable")
+                if receiver._poisoned(request):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused span")
                 receiver._accept(request, request.ByteSize())
                 return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -169,7 +193,12 @@ class FaultyReceiver:
                     return
                 request = trace_service_pb2.ExportTraceServiceRequest()
                 request.ParseFromString(body)
-                receiver._accept(request, len(body))
+                if receiver._poisoned(request):
+                    self.send_response(400)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                receiver._accept(request, len(body), self.path)
                 payload = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
