@@ -1,20 +1,27 @@
-"""Fork under a busy export queue on real sockets and processes (issue 25, item 7).
+"""Fork under a busy export queue, and credentials in the OTLP endpoint, on real sockets and
+processes (issue 25, items 5 and 7).
 
 - ``os.fork()`` while the backend refuses every request (the durable log's sender retrying a
   backlog) returns at once; the parent still delivers all its spans, the child starts empty and
   delivers only its own, nothing is sent twice.
+- An endpoint carrying ``user:password@``, ``?api_key=`` or an ``sk-`` key in its path delivers
+  (once the receiver answers), and the planted secret appears in no log line (otel_verl's, the
+  OTLP libraries', urllib3's, at DEBUG), in nothing written to stdout/stderr, and in no file name
+  or file under the trace dir.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import time
 from pathlib import Path
 
+import pytest
 from _receiver import FaultyReceiver
-from test_faults import record, wait_for
+from test_faults import PROTOCOLS, record, wait_for
 
 from otel_verl import RolloutTraceConfig
 
@@ -96,3 +103,52 @@ def test_fork_under_a_busy_queue_waits_for_nothing(tmp_path, figure):
         assert lost == 0
         assert receiver.ids() == ids | child_ids  # nothing but the parent's and the children's
         assert receiver.duplicates() == 0  # the child sent none of the parent's spans
+
+
+#: (shape, secret, endpoint template): the three ways a credential rides in an endpoint
+SHAPES = {
+    "userinfo": ("PlantedPassw0rdU1x", "http://alice:PlantedPassw0rdU1x@127.0.0.1:{port}"),
+    "query": ("PlantedQueryKeyQ2x", "http://127.0.0.1:{port}/?api_key=PlantedQueryKeyQ2x"),
+    "path": ("sk-PlantedPathKey0123456789P3x",
+             "http://127.0.0.1:{port}/sk-PlantedPathKey0123456789P3x"),
+}
+
+
+def _leaks(secret: str, texts: list[str]) -> int:
+    return sum(text.count(secret) for text in texts)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_credentials_in_the_endpoint_reach_no_log_line_or_name(protocol, shape, tmp_path,
+                                                               caplog, capfd, figure):
+    secret, template = SHAPES[shape]
+    caplog.set_level(logging.DEBUG)
+    with FaultyReceiver(protocol) as receiver:
+        receiver.set_mode("refuse")  # nothing listens: the libraries log their retries
+        RolloutTraceConfig.init("faults", "e", "otlp", trace_dir=str(tmp_path),
+                                otlp_endpoint=template.format(port=receiver.port),
+                                otlp_protocol=PROTOCOLS[protocol], export_timeout_s=1.0,
+                                schedule_delay_s=0.2, export_delay_s=0.2)
+        ids = record(20)
+        assert wait_for(lambda: RolloutTraceConfig.stats().get("retries", 0) >= 2, 15)
+        receiver.set_mode("ok")
+        wait_for(lambda: receiver.ids() >= ids, 30)
+        RolloutTraceConfig.shutdown(timeout_s=5)
+    lines = [record.getMessage() for record in caplog.records]
+    lines += [record.exc_text or "" for record in caplog.records]
+    library = [r for r in caplog.records if r.name.startswith("opentelemetry.exporter.otlp")]
+    out, err = capfd.readouterr()
+    names = [str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")]
+    contents = [path.read_text(errors="replace") for path in tmp_path.rglob("*")
+                if path.is_file()]
+    leaked = {"log lines": _leaks(secret, lines), "stdout/stderr": _leaks(secret, [out, err]),
+              "names": _leaks(secret, names), "files": _leaks(secret, contents)}
+    lost = len(ids - receiver.ids())
+    figure(fault=f"{protocol} credentials in the endpoint: {shape}", recorded=len(ids),
+           received=len(ids & receiver.ids()), lost=lost, allowed=0,
+           note=f"leaked {sum(leaked.values())} (planted 1; {len(caplog.records)} log lines, "
+                f"{len(library)} from the OTLP library)")
+    assert library, "the OTLP library logged nothing: the test saw none of its lines"
+    assert leaked == dict.fromkeys(leaked, 0)
+    assert lost == 0  # the endpoint still delivers, its credentials included
