@@ -22,6 +22,13 @@ assignments to sensitive names in any text (``password=...``, ``--password ...``
 key is a sensitive name. Users add regular expressions with ``redact_patterns``
 (``OTEL_VERL_REDACT_PATTERNS``).
 
+User patterns run after the built-in rules, on their output, within a time budget per span
+(``Scrubber(budget_s=...)``, 1 s by default): with the optional ``regex`` module each runs with
+a timeout; without it, patterns that can backtrack without bound (``(a+)+$``) are refused with a
+warning. A string a pattern could not be run on is exported as ``[REDACTED]`` whole and counted
+(``Scrubber.stats()``): never unchecked. Strings of 4096 characters or more are remembered once
+scrubbed (a bounded cache keyed by the string), so the same prompt on every turn is scanned once.
+
 Cost: linear in bytes, at C speed on any content (base64, hex, repeated characters, prose: see
 the cost model above ``_TOKEN_RULES`` and ``bench/bench_scrub.py``). No rule is tried at every
 position: each starts at a literal anchor found with ``bytes.find`` or at a candidate found in a
