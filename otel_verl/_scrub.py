@@ -293,9 +293,15 @@ class _Finder:
             if starts is None:  # many gates: find each literal, jumping as each rule allows
                 for literal, _, rule in anchors:
                     state = [0]
-                    pos = data.find(literal)
+                    # a literal that starts with its gate is searched from its first other
+                    # character: "-----BEGIN" as "BEGIN" (a run of dashes stalls the search)
+                    skip = len(literal) - len(literal.lstrip(gate))
+                    pos = data.find(literal[skip:], skip)
                     while pos != -1:
-                        pos = data.find(literal, self._at(rule, pos, state))
+                        start = pos - skip
+                        after = self._at(rule, start, state) if \
+                            data.startswith(literal, start) else start + 1
+                        pos = data.find(literal[skip:], max(after, start + 1) + skip)
             else:
                 states: dict[bytes, list[int]] = {}
                 resume: dict[bytes, int] = {}
@@ -356,6 +362,9 @@ class _Finder:
         """The 40-hex W&B key (optionally ``local-``) and AWS access key ids, from byte masks."""
         text, data, spans = self.text, self.ascii, self.spans
         n = len(data)
+        runs = self.runs_mask()
+        if runs.find(_UPPER20.replace(b"U", b"x")) == -1:
+            return  # both shapes are runs of 20+ token characters
         hexes = data.translate(_HEX_MASK)
         pos = hexes.find(_HEX40)
         while pos != -1:
@@ -453,7 +462,11 @@ class _Finder:
         """False (and nothing done) when separators are too many for a visit each."""
         text, data = self.text, self.ascii
         n = len(data)
-        budget = _budget(n, 256)  # a visit costs about what 1/4000 of a keyword scan per MB does
+        budget = _budget(n, 128)  # ~1.5 us a visit; the keyword scan costs ~10 ms per MB
+        if n > 1 << 17:  # estimate from the first 64 KiB rather than find out the slow way
+            sample = sum(data.count(sep, 0, 1 << 16) for sep in (b":", b"=", b"--"))
+            if sample * (n >> 16) > budget:
+                return False
         seps: list[int] = []
         for sep in (b":", b"="):
             pos = data.find(sep)
