@@ -124,7 +124,21 @@ def _stack_python(session: nox.Session) -> str:
         session.log(f"creating the shared torch venv {location}")
         session.run(sys.executable, "-m", "venv", str(location), external=True)
     _install(session, *STACK_REQUIREMENTS, torch=True, weave_exporter=True, python=str(python))
+    _pin_vllm_cpu_kernels(location)
     return str(python)
+
+
+#: test infrastructure that keeps vLLM CPU on one kernel path on every CPU (AMX, AVX-512, AVX2)
+CPU_KERNELS = ROOT / "tests" / "verl_e2e" / "shims" / "vllm_cpu_kernels.py"
+
+
+def _pin_vllm_cpu_kernels(venv: Path) -> None:
+    """Install ``vllm_cpu_kernels`` and a ``.pth`` line importing it into the stack venv, so every
+    process of that venv (pytest, vLLM's workers, Ray's actors, ``vllm serve``) pins vLLM CPU's
+    linear layers to ``torch.nn.functional.linear`` (docs/verl.md, "verl on a CPU-only machine")."""
+    for site in venv.glob("lib/python*/site-packages"):
+        (site / CPU_KERNELS.name).write_bytes(CPU_KERNELS.read_bytes())
+        (site / "otel_verl_test_vllm_cpu_kernels.pth").write_text("import vllm_cpu_kernels\n")
 
 
 @nox.session

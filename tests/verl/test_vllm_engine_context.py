@@ -9,6 +9,11 @@ Run: ``python -m pytest tests/verl/test_vllm_engine_context.py`` in a venv with 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 
@@ -33,7 +38,9 @@ def test_vllm_llm_request_joins_the_span_carried_in_extra_args(monkeypatch):
     assert getattr(AsyncLLM.generate, "__otel_verl_verl__", False), "AsyncLLM not patched"
     with OTLPReceiver() as receiver:
         args = AsyncEngineArgs(model=str(build_tiny_model()), max_model_len=256, dtype="bfloat16",
-                               enforce_eager=True, otlp_traces_endpoint=receiver.traces_url)
+                               enforce_eager=True, otlp_traces_endpoint=receiver.traces_url,
+                               # the kernel probe inside vLLM's worker (vllm_cpu_kernels)
+                               worker_extension_cls="vllm_cpu_kernels.WorkerProbe")
         engine = AsyncLLM.from_engine_args(args)
         try:
             async def one(request_id: str, carried: bool) -> SamplingParams:
@@ -46,10 +53,12 @@ def test_vllm_llm_request_joins_the_span_carried_in_extra_args(monkeypatch):
                     pass
                 return params
 
-            async def both() -> tuple[SamplingParams, SamplingParams]:
-                return await one("carried", True), await one("plain", False)
+            async def both() -> tuple[SamplingParams, SamplingParams, Any]:
+                # one event loop for everything: AsyncLLM's output handler lives on the first
+                kernels = await engine.collective_rpc("otel_verl_kernel_path")
+                return await one("carried", True), await one("plain", False), kernels
 
-            carried, plain = asyncio.run(both())
+            carried, plain, kernels = asyncio.run(both())
             spans = receiver.wait_for(
                 lambda got: sum(s["name"] == "llm_request" for s in got) >= 2, timeout_s=90)
         finally:
@@ -61,3 +70,31 @@ def test_vllm_llm_request_joins_the_span_carried_in_extra_args(monkeypatch):
     assert alone["trace_id"] != TRACE_ID and not alone["parent_span_id"]
     assert carried.extra_args == {"keep": 1}  # the carrier was taken out, the rest kept
     assert plain.extra_args == {"keep": 1}
+    # the CPU kernel pin (tests/verl_e2e/shims/vllm_cpu_kernels.py) is active inside vLLM's own
+    # worker process: linear layers keep their weights (and verl's weight_loader) on any CPU
+    assert kernels, "no worker answered"
+    for worker in kernels:
+        assert worker["pid"] != os.getpid()
+        assert worker["switches"] == {"amx_tile": False, "amx_fp16": False, "onednn": False}
+        assert worker["linear_layers"] > 0
+        assert worker["without_weight_loader"] == [], worker
+
+
+def test_the_cpu_kernel_pin_is_active_in_every_new_process_of_the_venv():
+    """The ``.pth`` line the noxfile installs: a bare interpreter of this venv (as Ray or vLLM
+    start them) sees no AMX and no oneDNN, whatever this machine's CPU has; the opt-out works."""
+    code = "import json, vllm_cpu_kernels; print(json.dumps(vllm_cpu_kernels.active()))"
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_VERL_VLLM_CPU_KERNELS"}
+    pinned = subprocess.run([sys.executable, "-c", code],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert pinned.returncode == 0, pinned.stderr[-2000:]
+    assert json.loads(pinned.stdout.strip().splitlines()[-1]) == {
+        "amx_tile": False, "amx_fp16": False, "onednn": False}
+    native = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "OTEL_VERL_VLLM_CPU_KERNELS": "native"}, timeout=300)
+    assert native.returncode == 0, native.stderr[-2000:]
+    import torch
+
+    seen = json.loads(native.stdout.strip().splitlines()[-1])
+    # the CPU's own answer: torch's capability table, which the pin does not change
+    assert seen["amx_tile"] == bool(torch.cpu.get_capabilities().get("amx_tile", False))

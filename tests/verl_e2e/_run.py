@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +68,13 @@ class Run:
     wall_s: float
     log: Path
     overrides: list[str] = field(default_factory=list)
+    #: the fatal line that ended the run early (``FATAL``), if one did
+    fatal: str | None = None
 
     def tail(self, n: int = 80) -> str:
         lines = self.log.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-n:])
+        head = f"[ended early after a fatal line: {self.fatal}]\n" if self.fatal else ""
+        return head + "\n".join(lines[-n:])
 
 
 def overrides(model: Path, data: tuple[Path, Path], tools: Path, *, use_v1: bool,
@@ -193,45 +197,84 @@ def _run_once(workdir: Path, model: Path, *, use_v1: bool, backend: str = "file"
     cmd = [*launcher(), sys.executable, "-m", "verl.trainer.main_ppo", *args]
     log = workdir / "main_ppo.log"
     start = time.monotonic()
+    fatal = None
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=workdir, env=run_env(trace_dir, env),
                                 stdout=subprocess.PIPE if stream else out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        copier = None
+        if stream:  # copy to the log and to stdout on a thread: _wait reads the log meanwhile
+            copier = threading.Thread(target=_tee, args=(proc, out), daemon=True)
+            copier.start()
         try:
-            if stream:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    out.write(line)
-                    sys.stdout.buffer.write(line)
-                    sys.stdout.flush()
             _wait(proc, log, start + timeout_s)
+        except FatalLine as exc:
+            fatal = exc.line
+            _kill_group(proc)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
         finally:
             if proc.poll() is None:
                 _kill_group(proc)
-    return Run(workdir, trace_dir, proc.returncode, time.monotonic() - start, log, args)
+            if copier is not None:
+                copier.join(10)
+    return Run(workdir, trace_dir, proc.returncode, time.monotonic() - start, log, args,
+               fatal=fatal)
 
 
-#: what Hydra prints when verl's main raised; Ray's shutdown can then hang for minutes
-_FAILED = b"Error executing job with overrides"
+def _tee(proc: subprocess.Popen, out: Any) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.write(line)
+        out.flush()
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+
+
+#: lines after which a run cannot succeed any more; verl's driver can then wait forever (a dead
+#: vLLM engine, a failed weight sync: Ray keeps the other actors up), so the run is ended after a
+#: short grace instead of its whole timeout (a dying engine fails fast)
+FATAL = (
+    b"Error executing job with overrides",   # Hydra: verl's main raised
+    b"EngineDeadError",                      # vLLM's engine core is gone
+    b"died unexpectedly",                    # a vLLM worker process died (SIGILL, OOM, ...)
+    b"has no attribute 'weight_loader'",     # the weight sync cannot load into vLLM's layers
+    b"cannot close exported pointers exist",  # ... and leaves its shared buffer behind
+)
+#: how long a run that printed a fatal line may take to exit by itself
+FATAL_GRACE_S = 60.0
 
 
 def _wait(proc: subprocess.Popen, log: Path, deadline: float) -> None:
-    """Wait for the run to end; a run that failed but does not exit gets 60 s, then is ended."""
-    failed_at = None
+    """Wait for the run to end, reading its log as it grows; a run that printed a fatal line
+    gets ``FATAL_GRACE_S`` to exit, then is ended (``FatalLine`` names the line)."""
+    failed_at, seen, offset, carry = None, b"", 0, b""
     while proc.poll() is None:
         now = time.monotonic()
         if now > deadline:
             raise subprocess.TimeoutExpired(proc.args, 0)
         if failed_at is None:
             with open(log, "rb") as f:
-                f.seek(max(0, log.stat().st_size - 200_000))
-                if _FAILED in f.read():
-                    failed_at = now
-        elif now - failed_at > 60:
-            raise subprocess.TimeoutExpired(proc.args, 0)
-        time.sleep(2)
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            window, carry = carry + chunk, (carry + chunk)[-256:]
+            seen = next((m for m in FATAL if m in window), b"")
+            if seen:
+                failed_at = now
+                print(f"main_ppo: fatal line seen ({seen.decode()}); ending the run in "
+                      f"{FATAL_GRACE_S:.0f} s unless it exits ({log})", flush=True)
+        elif now - failed_at > FATAL_GRACE_S:
+            raise FatalLine(seen.decode())
+        time.sleep(1)
+
+
+class FatalLine(subprocess.TimeoutExpired):
+    """The run printed a line it cannot recover from and did not exit in time."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(["main_ppo"], FATAL_GRACE_S)
+        self.line = line
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
