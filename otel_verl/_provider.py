@@ -165,7 +165,10 @@ def durable(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
         max_request_bytes=config.max_request_bytes,
         max_batch_spans=config.max_export_batch_size, export_delay_s=config.export_delay_s,
         shutdown_timeout_s=config.export_timeout_s,
-        max_overflow_bytes=config.max_queue_bytes // 4)
+        max_overflow_bytes=config.max_queue_bytes // 4,
+        # what the processor hands over unredacted at shutdown, and what a later process adopts,
+        # is redacted with this process's own rules (redact_patterns included) before sending
+        transform=build_scrubber(config))
 
 
 def _otlp_exporter(config: TraceConfig) -> SpanExporter:

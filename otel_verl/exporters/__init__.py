@@ -39,7 +39,10 @@ key                        meaning
 ``dropped_queue_full``     spans dropped because the queue was full in spans or bytes (**lost**)
 ``dropped_after_shutdown`` spans that ended after shutdown (**lost**)
 ``dropped_transform_failed`` spans the transform (redaction) raised on (**lost**, never sent)
-``abandoned_at_shutdown``  spans still queued when shutdown's time ran out (**lost**)
+``abandoned_at_shutdown``  spans still queued when shutdown's time ran out, with an exporter
+                           that is not the durable log (**lost**)
+``kept_in_log_at_shutdown`` spans still queued when shutdown's time ran out, handed to the
+                           durable log unredacted (redacted when read back, never sent as is)
 ``pending``                *gauge*: spans in the processor's queue or export call
 ``queue_bytes``            *gauge*: estimated bytes in the processor's queue
 ``spooled``                spans written to the durable log
@@ -55,6 +58,16 @@ key                        meaning
                            ``quarantine/`` in the log's directory, not retried)
 ``dropped_spool_full``     spans dropped from the log to keep it under ``max_spool_bytes``
                            (**lost**)
+``spooled_unredacted``     of ``spooled``, records written before redaction (at shutdown)
+``log_damaged``            records whose checksum or JSON failed on reading (kept in
+                           ``damaged/`` beside the log, never sent altered)
+``log_read_errors``        segments that could not be read (EIO, EMFILE, ...): kept, retried
+``log_cursor_resets``      damaged cursors that fell back to the start of their segment (spans
+                           may be sent twice, never skipped)
+``file_written``           spans the file exporter wrote to the local store
+``file_write_failed``      spans it could not write (also in ``export_failed``)
+``file_warnings``          write-failure warnings it logged (rate-limited)
+``file_warnings_suppressed`` write-failure warnings held back by the rate limit
 ``spool_pending``          *gauge*: spans in this process's log not yet delivered
 ``spool_bytes``            *gauge*: bytes of this process's log on disk
 ``spool_held_bytes``       *gauge*: bytes held in memory because the log cannot be written

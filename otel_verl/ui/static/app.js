@@ -216,6 +216,11 @@
       parts.push(p.partial_trajectories + ' trace(s) without a trajectory span, listed as ' +
         'partial (e.g. other services\' spans, or a crashed worker)');
     }
+    if (p.bad_trajectories) {
+      parts.push(p.bad_trajectories + ' trajectory(ies) could not be indexed (listed with ' +
+        'status error)');
+    }
+    (p.notices || []).forEach((n) => parts.push(String(n)));
     if (!parts.length) return null;
     return h('div', Object.assign({class: 'banner'}, testid('problems')),
       h('strong', {}, 'Shown with gaps: '), parts.join('; ') + '.',
@@ -587,6 +592,10 @@
         testid('to-prompt')) : null,
       link(href('compare', {a: row.key}), 'compare with…')));
     main.append(summary(row));
+    if (data.problems && data.problems.length) {  // sections the spans could not build
+      main.append(h('p', Object.assign({class: 'banner'}, testid('trajectory-problems')),
+        h('strong', {}, 'Shown with gaps: '), data.problems.join('; ')));
+    }
     if (data.missing) {
       main.append(h('p', {class: 'banner'}, data.missing));
       return;
