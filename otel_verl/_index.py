@@ -44,6 +44,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from otel_verl import semconv
 from otel_verl.store import (
     Trajectory,
+    finite_number,
     group_trajectories,
     list_files,
     sampling_reports,
@@ -418,17 +419,6 @@ def is_tool_span(span: dict[str, Any]) -> bool:
             or attributes.get(semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.TOOL)
 
 
-def _number(value: Any) -> float | None:
-    """A finite float (None for anything else, integers too large for a float included)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _int(value: Any) -> int | None:
     return _sql_int(value)
 
@@ -495,7 +485,7 @@ def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
         _clean(experiment) if isinstance(experiment, str) else None,
         _int(t.step), _int(t.sample_index), _int(t.rollout_n),
         int(validate) if isinstance(validate, bool) else None,
-        _number(t.reward), _text(reward_label(t), 200), _number(weight),
+        finite_number(t.reward), _text(reward_label(t), 200), finite_number(weight),
         turns, len(t.spans), len(llm), _clamp(tokens_in), _clamp(tokens_out), len(tools),
         tool_errors, len(t.errors), _text(error, 500) if error else None, _sql_int(t.start_ns),
         _sql_int(t.duration_ns), _clamp(llm_ns), _text(t.status, 20),

@@ -375,7 +375,7 @@ class Trajectory:
     def sampling_weight(self) -> float:
         """``rollout.sampling.weight``: how many trajectories this one stands for (1 / its
         inclusion probability); 1 when not recorded (everything was traced), 0 for overflow."""
-        value = _real(_attr(self.root, semconv.ROLLOUT_SAMPLING_WEIGHT)) if self.root else None
+        value = finite_number(_attr(self.root, semconv.ROLLOUT_SAMPLING_WEIGHT)) if self.root else None
         return value if value is not None and value >= 0 else 1.0
 
     @property
@@ -432,7 +432,7 @@ class Trajectory:
         }
 
 
-def _real(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     """A number as a finite float; None for anything else (bools, NaN, infinities, integers
     too large for a float), so hostile values never poison a sum."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -650,7 +650,7 @@ def step_statistics(trajectories: Iterable[Trajectory],
         a["w"] += weight
         if trajectory.errors:
             a["werr"] += weight
-        reward = _real(trajectory.reward)
+        reward = finite_number(trajectory.reward)
         if reward is not None:
             a["wr"] += weight * reward
             a["wsum_r"] += weight
