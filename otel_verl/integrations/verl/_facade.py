@@ -24,9 +24,9 @@ from typing import Any
 import otel_verl
 from otel_verl import _env
 from otel_verl._config import FOREIGN_BACKENDS
+from otel_verl._decorator import default_kind
 from otel_verl.integrations.verl import _agent_loop, _tools, _vllm
 from otel_verl.integrations.verl._common import LOCK, MARK, S, check_verl_version, norm, set_attr
-from otel_verl.semconv import SpanKindName
 
 _log = logging.getLogger("otel_verl")
 
@@ -203,18 +203,20 @@ setattr(rollout_trace_attr, MARK, True)
 Before = Callable[[Any, dict[str, Any]], None]
 After = Callable[[Any], None]
 
-#: verl's traced methods by name -> (openinference kind, before(owner, kwargs), after(result)),
-#: the hooks coming from the module of the surface they describe
-_ROLES: dict[str, tuple[str, Before | None, After | None]] = {
-    "generate": (SpanKindName.LLM, _vllm.generate_before, _vllm.generate_after),
-    "execute": (SpanKindName.TOOL, _tools.execute_before, None),
-    "run": (SpanKindName.AGENT, _agent_loop.run_before, _agent_loop.run_after),
+#: verl's traced methods by name -> (before(owner, kwargs), after(result)), the hooks coming from
+#: the module of the surface they describe; the op's kind comes from the same names
+#: (``otel_verl._decorator.KIND_BY_METHOD_NAME``: generate = LLM, execute = TOOL, run = AGENT)
+_HOOKS: dict[str, tuple[Before | None, After | None]] = {
+    "generate": (_vllm.generate_before, _vllm.generate_after),
+    "execute": (_tools.execute_before, None),
+    "run": (_agent_loop.run_before, _agent_loop.run_after),
 }
 
 
 def _dispatcher(func: Callable[..., Any], theirs: Callable[..., Any]) -> Callable[..., Any]:
     """One function that runs otel_verl's op while installed, verl's original otherwise."""
-    kind, before, after = _ROLES.get(func.__name__, (SpanKindName.CHAIN, None, None))
+    kind = default_kind(func)
+    before, after = _HOOKS.get(func.__name__, (None, None))
     # the GenAI attributes come from otel_verl's own before/after hooks (inside the op's span)
     ours = otel_verl.rollout_trace_op(func, name=func.__qualname__, kind=kind, before=before,
                                       after=after)
