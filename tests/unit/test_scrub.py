@@ -149,7 +149,35 @@ def test_dirty_span_is_copied_and_counted():
     assert span.name.startswith("call sk-")  # the original is untouched
 
 
-def test_user_patterns_are_added():
+@pytest.fixture(params=["regex", "re"])
+def engine(request, monkeypatch):
+    """User patterns run both ways: with the ``regex`` module (in unit.txt: a time limit per
+    pattern) and without it (``re``, catastrophic patterns refused)."""
+    from otel_verl import _scrub as s
+
+    if request.param == "regex":
+        import regex  # required here: the unit tier installs it
+
+        monkeypatch.setattr(s, "_regex", regex)
+    else:
+        monkeypatch.setattr(s, "_regex", None)
+    return request.param
+
+
+def test_the_engine_that_runs_user_patterns(engine):
+    user = Scrubber([r"ACME-\d{5}"])._user
+    assert user is not None
+    (pattern, compiled, timed), = user.compiled
+    assert pattern == r"ACME-\d{5}" and timed is (engine == "regex")
+    if engine == "regex":
+        import regex
+
+        assert isinstance(compiled, regex.Pattern)
+    else:
+        assert isinstance(compiled, re.Pattern)
+
+
+def test_user_patterns_are_added(engine):
     span = _span(name="ticket ACME-12345", attributes={"note": "ACME-99999 ok"})
     out = Scrubber([r"ACME-\d{5}"])(span)
     assert out.name == "ticket [REDACTED]" and out.attributes["note"] == "[REDACTED] ok"
@@ -394,9 +422,39 @@ def test_a_catastrophic_pattern_without_regex_fails_closed(monkeypatch, caplog):
     assert scrubber.stats()["redact_failed_closed"] >= 1
 
 
-def test_a_span_past_its_budget_fails_closed():
+def test_a_span_past_its_budget_fails_closed(engine):
     scrubber = Scrubber([r"ACME-\d{5}"], budget_s=0.0)
     out = scrubber(_span(name="ticket ACME-12345", attributes={"note": "fine text here"}))
     assert out.name == REDACTED and out.attributes["note"] == REDACTED
     assert out.attributes[semconv.OTEL_VERL_REDACTED] >= 2
     assert Scrubber([r"ACME-\d{5}"])(_span(name="ticket ACME-12345")).name == "ticket [REDACTED]"
+
+
+def test_with_regex_a_catastrophic_pattern_runs_under_a_timeout_and_fails_closed(monkeypatch,
+                                                                                   caplog):
+    """The other path of test_a_catastrophic_pattern_without_regex_fails_closed."""
+    import regex
+
+    from otel_verl import _scrub as s
+
+    monkeypatch.setattr(s, "_regex", regex)
+    with caplog.at_level(logging.WARNING, logger="otel_verl"):
+        scrubber = Scrubber(["(a+)+$", r"ACME-\d{5}"])
+        # accepted (it gets a time limit instead of being refused), and on short input it is fast
+        assert scrubber.stats()["redact_patterns_refused"] == 0 and "(a+)+$" not in caplog.text
+        out = scrubber(_span(name="op", attributes={"input.value": "a" * 18 + "b ACME-12345"}))
+        assert out.attributes["input.value"] == "a" * 18 + "b [REDACTED]"
+        assert scrubber.stats()["redact_failed_closed"] == 0
+        # (a|aa)+$ over 40 "a" and a "b" is ~2**28 steps: the timeout stops it, the string is
+        # [REDACTED] whole (never exported unchecked), and after _MAX_STRIKES it is refused
+        slow = Scrubber(["(a|aa)+$"], budget_s=0.05)
+        for n in range(s._MAX_STRIKES):
+            out = slow(_span(name="op", attributes={"input.value": "a" * 40 + f"b {n}"}))
+            assert out.attributes["input.value"] == REDACTED
+            assert out.context.span_id is not None
+    assert slow.stats()["redact_failed_closed"] >= s._MAX_STRIKES
+    assert slow.stats()["redact_patterns_refused"] == 1
+    assert "ran past its time budget" in caplog.text
+    # refused: everything it would check is failed closed from now on, without running it
+    assert slow(_span(name="op", attributes={"note": "harmless text"})).attributes["note"] \
+        == REDACTED
