@@ -134,7 +134,8 @@ def overrides(model: Path, data: tuple[Path, Path], tools: Path, *, use_v1: bool
 
 def run_env(trace_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OTEL_", "VERL_", "RAY_ADDRESS"))}
+           if not k.startswith(("OTEL_", "VERL_", "RAY_ADDRESS"))
+           or k == "OTEL_VERL_VLLM_CPU_KERNELS"}  # the test venv's kernel pin (shims/)
     path = [str(SHIMS), str(TOOLS_DIR), str(HERE)]
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
