@@ -33,7 +33,6 @@ import re
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -41,6 +40,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _env
 from otel_verl._errors import RateLimitedWarning
+from otel_verl._fork import LiveInstances
 from otel_verl._otlp_json import encode_line, encode_request
 
 __all__ = [
@@ -81,16 +81,13 @@ def resolve_trace_dir(directory: str | os.PathLike[str] | None = None) -> str:
 
 # --- the exporter -------------------------------------------------------------------------------
 
-_LIVE_EXPORTERS: weakref.WeakSet[FileSpanExporter] = weakref.WeakSet()
+def _forget_parent_file(exporter: FileSpanExporter) -> None:
+    exporter._forget_parent_file()
 
 
-def _after_fork_in_child() -> None:
-    for exporter in list(_LIVE_EXPORTERS):
-        exporter._forget_parent_file()
+_LIVE_EXPORTERS: LiveInstances[FileSpanExporter] = LiveInstances("the file exporter",
+                                                                 _forget_parent_file)
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _size(fd: int, default: int) -> int:
     try:

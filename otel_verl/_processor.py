@@ -16,11 +16,8 @@ import contextlib
 import inspect
 import logging
 import math
-import os
-import signal
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
+from otel_verl._fork import LiveInstances
 from otel_verl._spool import suppressed_instrumentation, timeout_seconds
 
 #: nudges (``BoundedBatchProcessor.nudge``) closer together than this are merged into one
@@ -127,7 +125,6 @@ class BoundedBatchProcessor(SpanProcessor):
         self._last_drop_warning = 0.0
         self._start_worker()
         _AFTER_FORK.add(self)
-        _install_sigterm_handler()
 
     def _start_worker(self) -> None:
         self._queue: collections.deque[tuple[ReadableSpan, int]] = collections.deque()
@@ -381,43 +378,20 @@ def _hand_to_log(processor: BoundedBatchProcessor) -> int:
     return max(0, len(spans) - kept)
 
 
-_AFTER_FORK: weakref.WeakSet[BoundedBatchProcessor] = weakref.WeakSet()
+def _reset_in_child(processor: BoundedBatchProcessor) -> None:
+    if not processor._stopped:
+        processor._after_fork_in_child()
 
 
-def _reinit_after_fork() -> None:
-    for processor in list(_AFTER_FORK):
-        if not processor._stopped:
-            processor._after_fork_in_child()
+_AFTER_FORK: LiveInstances[BoundedBatchProcessor] = LiveInstances("the batch processor",
+                                                                  _reset_in_child)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_after_fork)
-
-
-_SIGTERM_INSTALLED = False
-
-
-def _install_sigterm_handler() -> None:
-    """On SIGTERM (Python's default: die without atexit), hand queued spans to the exporters
-    (the durable log: a disk write) before dying as SIGTERM would. Installed only when SIGTERM
-    has its default action and only from the main thread; an application's handler is kept."""
-    global _SIGTERM_INSTALLED
-    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):  # not the main interpreter, or no signals here
-        return
-    _SIGTERM_INSTALLED = True
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    deadline = time.monotonic() + 2.0
-    for processor in list(_AFTER_FORK):
+def hand_queues_to_exporters(timeout_s: float) -> None:
+    """Hand every live processor's queue to its exporter (the durable log: a disk write), within
+    ``timeout_s`` in all; never raises. The body of the SIGTERM hook (``_state``)."""
+    deadline = time.monotonic() + timeout_s
+    for processor in _AFTER_FORK:
         if not processor._stopped:
             with contextlib.suppress(Exception):
                 processor.force_flush_to_exporter(max(0.0, deadline - time.monotonic()))
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from otel_verl import semconv
 from otel_verl._config import ConfigError, TraceConfig
+from otel_verl._fork import register_after_in_child
 from otel_verl._processor import BoundedBatchProcessor, TrajectoryAttributesProcessor
 from otel_verl._scrub import ScrubbingSpanExporter, build_scrubber
 
@@ -52,8 +53,7 @@ def _reseed_ids() -> None:
     _IdGenerator._rng.seed(os.urandom(32))
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reseed_ids)
+register_after_in_child(_reseed_ids, "the span id generator")
 
 
 def build_resource(config: TraceConfig) -> Resource:

@@ -52,7 +52,6 @@ import socket
 import threading
 import time
 import urllib.parse
-import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -63,6 +62,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _errors, _otlp_json
+from otel_verl._fork import LiveInstances
 
 _log = logging.getLogger("otel_verl")
 
@@ -488,7 +488,12 @@ def adopt_streams(directory: Path, exclude: str | None = None, backend: str | No
 
 # --- the exporter ---------------------------------------------------------------------------------
 
-_LIVE: weakref.WeakSet[DurableSpanExporter] = weakref.WeakSet()
+def _reset_in_child(exporter: DurableSpanExporter) -> None:
+    if not exporter._closed:
+        exporter._after_fork_in_child()
+
+
+_LIVE: LiveInstances[DurableSpanExporter] = LiveInstances("the durable log", _reset_in_child)
 
 
 class DurableSpanExporter(SpanExporter):
@@ -1308,16 +1313,6 @@ def keep_damaged(directory: Path, stream: str, line: bytes) -> Path:
     except OSError as error:
         raise LogReadError(path, error) from error
     return path
-
-
-def _reinit_after_fork() -> None:
-    for exporter in list(_LIVE):
-        if not exporter._closed:
-            exporter._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_after_fork)
 
 
 # --- replay by hand ---------------------------------------------------------------------------------

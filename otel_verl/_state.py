@@ -2,10 +2,10 @@
 
 Everything the API needs at call time hangs off ``STATE`` (one object, not module globals): the
 configuration of the installed ``RolloutTraceConfig``, the ``Runtime`` built from it while tracing
-is on (provider, tracer, processor chain, exporter, sampler), and the process hook (shut down at
-exit; a fork waits for nothing). The current trajectory lives in a ContextVar (``TRAJECTORY``) so
-it follows asyncio tasks; ``TrajectoryAttributesProcessor`` reads it through
-``current_trajectory_attrs``.
+is on (provider, tracer, processor chain, exporter, sampler), and the process hooks (shut down at
+exit, queued spans handed to the exporters on SIGTERM; a fork waits for nothing). The current
+trajectory lives in a ContextVar (``TRAJECTORY``) so it follows asyncio tasks;
+``TrajectoryAttributesProcessor`` reads it through ``current_trajectory_attrs``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import contextvars
 import dataclasses
 import inspect
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,6 +27,7 @@ from opentelemetry.trace import Span
 from otel_verl import _errors, exporters
 from otel_verl._config import TraceConfig
 from otel_verl._payload import Payload, to_payload
+from otel_verl._processor import hand_queues_to_exporters
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler
 
@@ -151,6 +154,7 @@ class ProcessState:
         self.last_runtime: Runtime | None = None
         self.lock = threading.RLock()
         self._hooks_registered = False
+        self._sigterm_installed = False
 
     def start(self, config: TraceConfig, exporter: SpanExporter | None) -> Runtime | None:
         """Make ``config`` the active configuration; build a Runtime when it records spans."""
@@ -159,6 +163,8 @@ class ProcessState:
             return None
         self.runtime = Runtime(config, exporter)
         self._register_process_hooks()
+        if config.processor != "simple":  # the simple processor holds no queue
+            self._install_sigterm_hook()
         return self.runtime
 
     def stop(self, timeout_s: float) -> bool:
@@ -182,9 +188,10 @@ class ProcessState:
         Nothing runs before a fork: ``os.fork()`` never waits on export (it used to flush for up
         to 1 s, a second per task in fork-per-task pools while the backend was slow). Nothing
         needs it: the parent keeps exporting what it had queued, and each stage's
-        ``after_in_child`` hook (``_processor``, ``_tail``, ``_spool``, ``_file_exporter``)
-        starts the child empty, with its own worker threads, locks and log stream, so the
-        parent's spans are neither lost nor sent twice.
+        ``after_in_child`` callback (``otel_verl._fork``: ``_processor``, ``_tail``, ``_spool``,
+        ``_file_exporter``, ``_provider``'s id generator) starts the child empty, with its own
+        worker threads, locks and log stream, so the parent's spans are neither lost nor sent
+        twice.
         """
         if self._hooks_registered:
             return
@@ -196,6 +203,27 @@ class ProcessState:
             self.stop(timeout_s=5.0)
         except Exception:  # interpreter teardown: never raise from atexit
             pass
+
+    def _install_sigterm_hook(self) -> None:
+        """On SIGTERM (Python's default: die without atexit), hand queued spans to the exporters
+        (the durable log: a disk write) before dying as SIGTERM would. Installed once per
+        process, only when SIGTERM has its default action and only from the main thread (a
+        later init from the main thread installs it); an application's handler is kept."""
+        if self._sigterm_installed or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):  # not the main interpreter, or no signals here
+            return
+        self._sigterm_installed = True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    hand_queues_to_exporters(timeout_s=2.0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 STATE = ProcessState()

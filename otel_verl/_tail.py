@@ -44,10 +44,8 @@ from __future__ import annotations
 import collections
 import inspect
 import math
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -60,6 +58,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 
 from otel_verl import _errors, semconv
 from otel_verl._config import TraceConfig
+from otel_verl._fork import LiveInstances
 from otel_verl.semconv import SamplingReason
 
 RULES = ("errors", "truncated", "reward_outliers", "groups")
@@ -624,13 +623,9 @@ class TailSamplingProcessor(SpanProcessor):
         self._reset_state()
 
 
-_AFTER_FORK: weakref.WeakSet[TailSamplingProcessor] = weakref.WeakSet()
+def _reset_in_child(processor: TailSamplingProcessor) -> None:
+    processor._after_fork_in_child()
 
 
-def _reinit_after_fork() -> None:
-    for processor in list(_AFTER_FORK):
-        processor._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_after_fork)
+_AFTER_FORK: LiveInstances[TailSamplingProcessor] = LiveInstances("tail sampling",
+                                                                  _reset_in_child)
