@@ -15,6 +15,8 @@ Usage::
 
     replay("./traces/spool/otlp", OTLPSpanExporter())  # what is left, by hand
 
+    install_sigterm_handoff()  # SIGTERM hands the queues to the exporters first (init does this)
+
 What is here:
 
 - :class:`FileSpanExporter`: the local store's writer (one OTLP/JSON line per batch, one file
@@ -89,11 +91,25 @@ LOSS_KEYS = ("dropped_queue_full", "dropped_after_shutdown", "dropped_transform_
              "export_failed", "abandoned_at_shutdown", "spool_failed", "dropped_spool_full",
              "quarantined")
 
+
+
+def install_sigterm_handoff() -> None:
+    """On SIGTERM (Python's default: die without running atexit), hand every live
+    :class:`BoundedBatchProcessor`'s queue to its exporter (with the durable log: a disk write)
+    before dying as SIGTERM would. ``RolloutTraceConfig.init`` does this itself; call it when you
+    wire a provider by hand. Installed once per process, from the main thread, and only while
+    SIGTERM has its default action (an application's own handler is kept)."""
+    from otel_verl._state import STATE
+
+    STATE._install_sigterm_hook()
+
+
 __all__ = [
     "LOSS_KEYS",
     "TRUNCATED_ATTRIBUTE",
     "BoundedBatchProcessor",
     "DurableSpanExporter",
     "FileSpanExporter",
+    "install_sigterm_handoff",
     "replay",
 ]

@@ -299,3 +299,33 @@ def test_the_last_trajectory_in_flight_ending_exports_at_once(tmp_path):
                       for s in memory.get_finished_spans()) == [0, 1]
     finally:
         RolloutTraceConfig.reset()
+
+
+_HAND_BY_HAND = """
+import os, signal, sys
+from opentelemetry.sdk.trace import TracerProvider
+from otel_verl.exporters import BoundedBatchProcessor, FileSpanExporter, install_sigterm_handoff
+provider = TracerProvider()
+provider.add_span_processor(BoundedBatchProcessor(FileSpanExporter(sys.argv[1]),
+                                                  schedule_delay_s=3600))
+if sys.argv[2] == "install":
+    install_sigterm_handoff()
+with provider.get_tracer("t").start_as_current_span("queued when SIGTERM came"):
+    pass
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+@pytest.mark.parametrize("install", [True, False])
+def test_a_provider_wired_by_hand_hands_its_queue_over_on_sigterm(tmp_path, install):
+    """``install_sigterm_handoff`` (what ``init`` does itself): SIGTERM writes the queued span
+    before the process dies as SIGTERM would; without it the span dies with the process."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _HAND_BY_HAND, str(tmp_path),
+                           "install" if install else "no"], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    written = b"".join(p.read_bytes() for p in tmp_path.glob("*.jsonl"))
+    assert (b"queued when SIGTERM came" in written) is install
