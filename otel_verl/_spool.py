@@ -642,8 +642,23 @@ class DurableSpanExporter(SpanExporter):
             return SpanExportResult.SUCCESS
         if self._closed:
             return self._direct(spans)
-        lines = []
-        fitted = []
+        lines, fitted = self._sealed(spans, raw=False)
+        if not lines:
+            return SpanExportResult.FAILURE
+        try:
+            self._append(lines, fitted)
+        except OSError as error:
+            return self._log_full(lines, fitted, error)
+        self._count(spooled=len(lines))
+        self._enforce_budget()
+        self._appended(len(lines), urgent=False)
+        return SpanExportResult.SUCCESS
+
+    def _sealed(self, spans: Sequence[ReadableSpan], *, raw: bool
+                ) -> tuple[list[bytes], list[ReadableSpan]]:
+        """Each span fitted to ``max_span_bytes`` and sealed as a log record (``raw``: flagged
+        as not yet redacted); a span that cannot be encoded is counted (``spool_failed``)."""
+        lines, fitted = [], []
         truncated = 0
         for span in spans:
             try:
@@ -653,23 +668,20 @@ class DurableSpanExporter(SpanExporter):
                 self._count(spool_failed=1)
                 continue
             truncated += cut
-            lines.append(seal(line))
+            lines.append(seal(line, raw=raw))
             fitted.append(span)
         self._count(truncated=truncated)
-        if not lines:
-            return SpanExportResult.FAILURE
-        try:
-            self._append(lines, fitted)
-        except OSError as error:
-            return self._log_full(lines, fitted, error)
-        self._count(spooled=len(lines))
-        self._enforce_budget()
+        return lines, fitted
+
+    def _appended(self, count: int, *, urgent: bool) -> None:
+        """``count`` records are on disk: wake the sender (at once when ``urgent``)."""
         with self._cond:
-            self._pending += len(lines)
+            self._pending += count
             if self._oldest_unsent is None:
                 self._oldest_unsent = time.monotonic()
+            if urgent:
+                self._urgent = True
             self._cond.notify_all()
-        return SpanExportResult.SUCCESS
 
     def append_unredacted(self, spans: Sequence[ReadableSpan],
                           transform: Callable[[ReadableSpan], ReadableSpan] | None) -> int:
@@ -691,15 +703,7 @@ class DurableSpanExporter(SpanExporter):
         if self._closed:
             return len(spans) if self.export(self._maybe_redacted(spans, transform)) \
                 is SpanExportResult.SUCCESS else 0
-        lines = []
-        for span in spans:
-            try:
-                _, line, _ = fit_span(span, self._max_span_bytes)
-            except Exception as exc:  # noqa: BLE001
-                _errors.internal_error(exc, "encoding a span for the log")
-                self._count(spool_failed=1)
-                continue
-            lines.append(seal(line, raw=raw))
+        lines, _ = self._sealed(spans, raw=raw)
         if not lines:
             return 0
         try:
@@ -708,12 +712,7 @@ class DurableSpanExporter(SpanExporter):
             return len(spans) if self.export(self._maybe_redacted(spans, transform)) \
                 is SpanExportResult.SUCCESS else 0
         self._count(spooled=len(lines), spooled_unredacted=len(lines) if raw else 0)
-        with self._cond:
-            self._pending += len(lines)
-            if self._oldest_unsent is None:
-                self._oldest_unsent = time.monotonic()
-            self._urgent = True
-            self._cond.notify_all()
+        self._appended(len(lines), urgent=True)
         return len(lines)
 
     def _maybe_redacted(self, spans: Sequence[ReadableSpan],
