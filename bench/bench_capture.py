@@ -24,7 +24,7 @@ from typing import Any
 
 from otel_verl import _payload
 from otel_verl._payload import to_payload
-from otel_verl._scrub import _CACHE, Scrubber, scrub
+from otel_verl.exporters._scrub import _CACHE, Scrubber, scrub
 
 CAP = 64 * 1024
 

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
-from otel_verl._processor import BoundedBatchProcessor
+from otel_verl.exporters._processor import BoundedBatchProcessor
 
 MESSAGES = [{"role": "user", "content": "What is 12*7? Use the calculator."},
             {"role": "assistant", "content": "<tool_call>{\"name\": \"calculator\"}</tool_call>"}]

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_verl import semconv
-from otel_verl._file_exporter import FileSpanExporter
+from otel_verl.exporters._file_exporter import FileSpanExporter
 
 
 def make_spans(n: int) -> list:

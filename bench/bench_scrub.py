@@ -35,15 +35,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from otel_verl import _scrub as current  # noqa: E402
+from otel_verl.exporters import _scrub as current  # noqa: E402
 
-#: the last commit before the linear-time rewrite of otel_verl/_scrub.py
+#: the last commit before the linear-time rewrite of otel_verl/exporters/_scrub.py
 BASELINE = "d3c4e26"
 SIZE = 1 << 20
 
 
 def load_baseline(commit: str) -> ModuleType:
-    source = subprocess.run(["git", "show", f"{commit}:otel_verl/_scrub.py"], cwd=ROOT,
+    source = subprocess.run(["git", "show", f"{commit}:otel_verl/exporters/_scrub.py"], cwd=ROOT,
                             check=True, capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "scrub_baseline.py"
     path.write_text(source)

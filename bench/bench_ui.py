@@ -42,9 +42,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_verl
 from otel_verl import rollout_trace_attr, rollout_trace_op, semconv
-from otel_verl._file_exporter import encode_request
-from otel_verl._index import StoreIndex
+from otel_verl.exporters._file_exporter import encode_request
 from otel_verl.store import group_trajectories, read_spans
+from otel_verl.store._index import StoreIndex
 from otel_verl.testing import capture_spans
 from otel_verl.ui.server import UIServer
 

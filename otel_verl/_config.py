@@ -39,7 +39,7 @@ BACKENDS = ("file", "otlp", "weave", "console", "none")
 FOREIGN_BACKENDS = ("mlflow", "trackio")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PROCESSORS = ("batch", "simple")
-#: the rules of ``tail_keep`` (see ``otel_verl._tail``)
+#: the rules of ``tail_keep`` (see ``otel_verl.exporters._tail``)
 TAIL_RULES = ("errors", "truncated", "reward_outliers", "groups")
 #: how backend=weave delivers: the Weave exporter's calls, or Weave's own OTel ingestion
 WEAVE_INGEST = ("calls", "otel")
@@ -442,7 +442,7 @@ _FIELDS: tuple[_Field, ...] = (
                "this long (the spans are on disk meanwhile); longer fills requests better but "
                "leaves more on disk when a worker is killed (picked up by the next process)",
            shown_default='1.0'),
-    # tail sampling (otel_verl._tail, docs/sampling.md)
+    # tail sampling (otel_verl.exporters._tail, docs/sampling.md)
     _Field("tail_keep", _parse_tail_keep, (_env.OTEL_VERL_TAIL_KEEP,),
            (VERL_TRACE_PREFIX + "tail_keep",),
            doc="tail rules that export a trajectory the head rule did not pick, decided when it "

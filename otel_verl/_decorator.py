@@ -39,9 +39,9 @@ from otel_verl._capture import (
     set_payload,
     token_texts,
 )
-from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 from otel_verl._trajectory import Outcome, current_outcome
+from otel_verl.exporters._scrub import fix_surrogates
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -13,7 +13,7 @@ nothing is called on it. An exception raised by user code during the walk (a map
 ``Payload.error`` (the ``otel_verl.payload_error`` attribute) and the span is still exported.
 
 Redaction here is by *key name* only (``api_key``, ``password``, ...: the structure is known
-while walking). Secrets inside strings are found once, at span end, by ``otel_verl._scrub`` over
+while walking). Secrets inside strings are found once, at span end, by ``otel_verl.exporters._scrub`` over
 the final text of every attribute, so no string is scanned twice.
 
 The encoder is ``orjson`` when installed (measured in ``bench/bench_capture.py``), else the
@@ -36,7 +36,7 @@ from fractions import Fraction
 from pathlib import PurePath
 from typing import Any
 
-from otel_verl._scrub import REDACTED, fix_surrogates, is_sensitive_key, scrub
+from otel_verl.exporters._scrub import REDACTED, fix_surrogates, is_sensitive_key, scrub
 
 __all__ = ["LIST_MARK", "MAX_DEPTH", "REDACTED", "TRUNCATION_MARK", "Payload", "is_sensitive_key",
            "redact_text", "to_payload"]
@@ -485,5 +485,5 @@ def _shrink(data: Any, limit_str: int, limit_list: int) -> Any:
 
 
 def redact_text(text: str) -> str:
-    """Redact every secret of the catalogue inside a free-text string (see ``otel_verl._scrub``)."""
+    """Redact every secret of the catalogue inside a free-text string (see ``otel_verl.exporters._scrub``)."""
     return scrub(text)[0]

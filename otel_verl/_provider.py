@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from otel_verl import semconv
 from otel_verl._config import ConfigError, TraceConfig
 from otel_verl._fork import register_after_in_child
-from otel_verl._processor import BoundedBatchProcessor, TrajectoryAttributesProcessor
-from otel_verl._scrub import ScrubbingSpanExporter, build_scrubber
+from otel_verl.exporters._processor import BoundedBatchProcessor, TrajectoryAttributesProcessor
+from otel_verl.exporters._scrub import ScrubbingSpanExporter, build_scrubber
 
 SCOPE_NAME = "otel_verl"
 
@@ -80,7 +80,7 @@ def build_exporter(config: TraceConfig) -> SpanExporter:
     """
     backend = config.backend
     if backend == "file":
-        from otel_verl._file_exporter import FileSpanExporter
+        from otel_verl.exporters._file_exporter import FileSpanExporter
 
         return FileSpanExporter(config.trace_dir)
     if backend == "console":
@@ -137,7 +137,7 @@ def spool_dir_for(config: TraceConfig, exporter: SpanExporter | None = None) -> 
     """
     if config.spool_dir:
         return os.path.abspath(config.spool_dir)
-    from otel_verl._spool import log_dir_name
+    from otel_verl.exporters._spool import log_dir_name
 
     # a readable prefix (no credentials) beside a hash of the whole key: never shared
     return os.path.abspath(os.path.join(config.trace_dir, "spool",
@@ -157,7 +157,7 @@ def durable(config: TraceConfig, exporter: SpanExporter) -> SpanExporter:
     """``exporter`` behind the durable log when ``config`` asks for it (batch processor only)."""
     if not _durable(config):
         return exporter
-    from otel_verl._spool import DurableSpanExporter, backend_identity
+    from otel_verl.exporters._spool import DurableSpanExporter, backend_identity
 
     return DurableSpanExporter(
         exporter, spool_dir_for(config, exporter), max_spool_bytes=config.max_spool_bytes,
@@ -179,7 +179,7 @@ def _otlp_exporter(config: TraceConfig) -> SpanExporter:
     into the URL's path, before a query string; gRPC, which has no userinfo, gets
     ``user:password@`` as a Basic ``authorization`` header.
     """
-    from otel_verl import _otlp_endpoint
+    from otel_verl.exporters import _otlp_endpoint
 
     _otlp_endpoint.install_log_filter([config.otlp_endpoint])
     kwargs: dict[str, Any] = {}
@@ -256,8 +256,8 @@ def build_provider(
                                           max_batch_bytes=config.max_request_bytes,
                                           schedule_delay_s=config.schedule_delay_s,
                                           transform=scrubber)
-    if config.tail_keep:  # tail sampling sits before the export processor (otel_verl._tail)
-        from otel_verl._tail import TailSamplingProcessor
+    if config.tail_keep:  # tail sampling sits before the export processor (otel_verl.exporters._tail)
+        from otel_verl.exporters._tail import TailSamplingProcessor
 
         processor = TailSamplingProcessor.from_config(processor, config, provider.resource)
     provider.add_span_processor(processor)

@@ -20,7 +20,7 @@ Weights: a sample chosen by ``select`` from a chunk of M unique samples with lim
 probability N / M (the rank is a uniform hash, independent of the data), so its weight is M / N;
 with every sample traced the weight is 1. In the streaming form the population of a step is not
 known when a sample is decided: the weight is ``1 / fraction`` (exact when the limit does not
-bind); the per-step sampling report (``otel_verl._tail``) carries the exact counts.
+bind); the per-step sampling report (``otel_verl.exporters._tail``) carries the exact counts.
 """
 
 from __future__ import annotations

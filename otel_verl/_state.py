@@ -27,9 +27,9 @@ from opentelemetry.trace import Span
 from otel_verl import _errors, exporters
 from otel_verl._config import TraceConfig
 from otel_verl._payload import Payload, to_payload
-from otel_verl._processor import hand_queues_to_exporters
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler
+from otel_verl.exporters._processor import hand_queues_to_exporters
 
 _log = logging.getLogger("otel_verl")
 

@@ -38,8 +38,8 @@ from opentelemetry.trace import Span, SpanKind
 from otel_verl import _errors, semconv
 from otel_verl._capture import record_failure, scrub_text, set_payload
 from otel_verl._sampling import normalise_index, sampling_attributes
-from otel_verl._scrub import fix_surrogates
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
+from otel_verl.exporters._scrub import fix_surrogates
 
 _NOOP_TRACER = otel_trace.NoOpTracer()
 

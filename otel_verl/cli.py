@@ -35,7 +35,7 @@ from typing import Any, TextIO
 from opentelemetry.semconv.attributes import exception_attributes
 
 from otel_verl import semconv
-from otel_verl._file_exporter import ENV_TRACE_DIR, resolve_trace_dir
+from otel_verl.exporters._file_exporter import ENV_TRACE_DIR, resolve_trace_dir
 from otel_verl.store import (
     ReadStats,
     SpanNode,
@@ -541,7 +541,7 @@ def _replay_exporter(args: argparse.Namespace) -> Any:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from otel_verl._config import ConfigError, resolve_config
-    from otel_verl._spool import replay
+    from otel_verl.exporters._spool import replay
 
     if not os.path.exists(args.spool_dir):
         print(f"otel-verl: nothing to replay at {args.spool_dir}", file=sys.stderr)
@@ -581,7 +581,7 @@ def _cmd_demo(argv: Sequence[str]) -> int:
 
 def _open_index(args: argparse.Namespace) -> Any:
     """The store's index, brought up to date (None after saying why when there is no store)."""
-    from otel_verl._index import StoreIndex
+    from otel_verl.store._index import StoreIndex
 
     if not os.path.exists(args.dir):
         print(f"otel-verl: no traces at {args.dir} (set --trace-dir or ${ENV_TRACE_DIR})",

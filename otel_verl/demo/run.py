@@ -325,7 +325,7 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
 def _write_report(trace_dir: str, out: Any) -> str | None:
     """The store's offline report (``otel-verl report``) as ``<trace_dir>/report.html``."""
     try:
-        from otel_verl._index import StoreIndex
+        from otel_verl.store._index import StoreIndex
         from otel_verl.ui.report import write_report
 
         index = StoreIndex(trace_dir)

@@ -13,7 +13,7 @@ import datetime as _dt
 import os
 from typing import Any
 
-from otel_verl._index import StoreIndex
+from otel_verl.store._index import StoreIndex
 from otel_verl.ui import assets
 from otel_verl.ui.server import dumps
 from otel_verl.ui.views import overview_view, trajectory_view

@@ -41,7 +41,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from otel_verl._index import StoreIndex
+from otel_verl.store._index import StoreIndex
 from otel_verl.ui import assets, views
 from otel_verl.ui.views import group_view, overview_view, prompt_view, trajectory_view
 

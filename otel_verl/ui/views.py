@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_verl import semconv
-from otel_verl._index import (
+from otel_verl.store import Trajectory, group_trajectories
+from otel_verl.store._index import (
     BadRequest,
     StoreIndex,
     first_error,
@@ -31,10 +32,9 @@ from otel_verl._index import (
     prompt_and_response,
     reward_label,
 )
-from otel_verl._index import (
+from otel_verl.store._index import (
     _json_or_none as _json,
 )
-from otel_verl.store import Trajectory, group_trajectories
 
 __all__ = ["BadRequest", "group_view", "overview_view", "prompt_view", "trajectory_view"]
 

@@ -216,6 +216,6 @@ def test_structured_trajectory_input_is_json():
     ("session_id", True), ("http.session.id", True), ("SessionId", True),  # secrets elsewhere
 ])
 def test_only_the_openinference_session_id_escapes_redaction(key, sensitive):
-    from otel_verl._scrub import is_sensitive_key
+    from otel_verl.exporters._scrub import is_sensitive_key
 
     assert is_sensitive_key(key) is sensitive

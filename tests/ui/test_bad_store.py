@@ -97,7 +97,7 @@ def test_a_poisoned_store_serves_every_good_trajectory(page, real_store, tmp_pat
     ones that decode are listed too, and the banner says what was skipped."""
     from urllib.parse import quote
 
-    from otel_verl._index import StoreIndex
+    from otel_verl.store._index import StoreIndex
 
     hostile = _hostile()
     good_index = StoreIndex(real_store, index_path=tmp_path / "good.sqlite3")

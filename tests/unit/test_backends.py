@@ -21,12 +21,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_verl import (
     ConfigError,
     RolloutTraceConfig,
-    _otlp_endpoint,
     get_tracer_provider,
     rollout_trace_attr,
     rollout_trace_op,
     semconv,
 )
+from otel_verl.exporters import _otlp_endpoint
 from otel_verl.store import read_spans
 
 

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Status, StatusCode
 
 from otel_verl import semconv
-from otel_verl._file_exporter import ENV_TRACE_DIR, FileSpanExporter
 from otel_verl.cli import PREVIEW_CHARS, main
+from otel_verl.exporters._file_exporter import ENV_TRACE_DIR, FileSpanExporter
 
 LONG_PROMPT = "tell me a story " * 100  # far over the preview
 

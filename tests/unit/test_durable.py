@@ -15,11 +15,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_verl import _otlp_json, _spool
+from otel_verl import _otlp_json
 from otel_verl.exporters import (
     TRUNCATED_ATTRIBUTE,
     BoundedBatchProcessor,
     DurableSpanExporter,
+    _spool,
     replay,
 )
 from otel_verl.store import read_spans
@@ -545,7 +546,7 @@ def test_shutdown_that_runs_out_of_time_hands_the_queue_to_the_log_unredacted(tm
 
 
 def _redact_secret(span):
-    from otel_verl._spool import _replace
+    from otel_verl.exporters._spool import _replace
 
     attributes = dict(span.attributes or {})
     if attributes.get("secret") == "SECRET":

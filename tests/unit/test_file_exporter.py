@@ -26,7 +26,7 @@ from opentelemetry.trace.span import TraceState
 
 from otel_verl import RolloutTraceConfig, get_tracer, rollout_trace_attr, semconv
 from otel_verl._errors import RateLimitedWarning
-from otel_verl._file_exporter import (
+from otel_verl.exporters._file_exporter import (
     DEFAULT_TRACE_DIR,
     ENV_TRACE_DIR,
     FileSpanExporter,
@@ -216,7 +216,7 @@ CHILD_MODULE = """
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from otel_verl._file_exporter import FileSpanExporter
+from otel_verl.exporters._file_exporter import FileSpanExporter
 
 
 def write_spans(directory, label, count):
@@ -347,7 +347,7 @@ def _unwritable(kind, tmp_path, monkeypatch):
         blocker = tmp_path / "a-file"
         blocker.write_text("not a directory")
         return blocker / "store"
-    from otel_verl import _file_exporter
+    from otel_verl.exporters import _file_exporter
 
     def denied(fd, data):
         raise PermissionError(13, "Permission denied")
@@ -373,7 +373,7 @@ def test_unwritable_trace_dir_warns_once_per_interval_and_counts(kind, tmp_path,
             RolloutTraceConfig.flush(5)
         stats = RolloutTraceConfig.stats()
         RolloutTraceConfig.shutdown(timeout_s=5)
-    lines = [r for r in caplog.records if r.name == "otel_verl._file_exporter"]
+    lines = [r for r in caplog.records if r.name == "otel_verl.exporters._file_exporter"]
     assert stats["file_write_failed"] == 800 and stats["export_failed"] == 800
     assert stats["file_warnings"] == 1
     assert stats["file_warnings_suppressed"] >= 15  # 16+ batches of at most 50 spans failed
@@ -469,7 +469,7 @@ def test_ints_beyond_4300_digits_drop_the_attribute_not_the_batch(tmp_path, capl
 def test_a_partial_write_on_a_full_disk_does_not_corrupt_the_next_line(tmp_path, monkeypatch):
     import errno
 
-    from otel_verl import _file_exporter
+    from otel_verl.exporters import _file_exporter
     from otel_verl.store import ReadStats, read_spans
 
     real = _file_exporter._write

@@ -23,8 +23,8 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.trace import StatusCode
 
 from otel_verl import get_tracer, rollout_trace_attr, rollout_trace_op, semconv
-from otel_verl._file_exporter import encode_line
 from otel_verl._payload import to_payload
+from otel_verl.exporters._file_exporter import encode_line
 from otel_verl.testing import capture_spans
 
 # --- hostile objects ----------------------------------------------------------------------------

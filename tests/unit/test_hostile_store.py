@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_verl._index import StoreIndex
 from otel_verl.store import Trajectory, list_files, step_statistics
+from otel_verl.store._index import StoreIndex
 from otel_verl.ui.report import build_report_data
 from otel_verl.ui.server import dumps
 from otel_verl.ui.views import (

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_verl._payload import REDACTED, is_sensitive_key, to_payload
-from otel_verl._scrub import scrub
+from otel_verl.exporters._scrub import scrub
 
 
 def load(value, max_bytes=65536, redact=True):

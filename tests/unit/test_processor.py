@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_verl import RolloutTraceConfig, rollout_trace_op
 from otel_verl._config import ConfigError, resolve_config
-from otel_verl._processor import BoundedBatchProcessor
-from otel_verl._spool import DurableSpanExporter, replay
+from otel_verl.exporters._processor import BoundedBatchProcessor
+from otel_verl.exporters._spool import DurableSpanExporter, replay
 from otel_verl.store import read_spans
 
 

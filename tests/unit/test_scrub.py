@@ -17,7 +17,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_verl import ConfigError, get_tracer, rollout_trace_attr, semconv
 from otel_verl._config import resolve_config
-from otel_verl._scrub import (
+from otel_verl.exporters._scrub import (
     REDACTED,
     Scrubber,
     ScrubbingSpanExporter,
@@ -153,7 +153,7 @@ def test_dirty_span_is_copied_and_counted():
 def engine(request, monkeypatch):
     """User patterns run both ways: with the ``regex`` module (in unit.txt: a time limit per
     pattern) and without it (``re``, catastrophic patterns refused)."""
-    from otel_verl import _scrub as s
+    from otel_verl.exporters import _scrub as s
 
     if request.param == "regex":
         import regex  # required here: the unit tier installs it
@@ -284,7 +284,7 @@ def _covered(spans) -> set[int]:
 def _oracle(text: str) -> set[int]:
     """Every shaped rule tried at every position (what ``re.finditer`` over each rule would find
     if no match hid another): the slow definition the fast pass must cover."""
-    from otel_verl import _scrub as s
+    from otel_verl.exporters import _scrub as s
 
     spans = []
     for name, regex in s._TOKEN_RULES:
@@ -298,7 +298,7 @@ def _oracle(text: str) -> set[int]:
 
 
 def _fast(text: str) -> set[int]:
-    from otel_verl._scrub import _Finder
+    from otel_verl.exporters._scrub import _Finder
 
     finder = _Finder(text)
     finder.anchored()
@@ -315,7 +315,7 @@ def test_anchored_pass_finds_every_match_at_every_position(text):
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(_texts, _dense_texts))
 def test_keyword_pass_finds_what_the_separator_pass_finds(text):
-    from otel_verl import _scrub as s
+    from otel_verl.exporters import _scrub as s
 
     by_separators = s._Finder(text)
     original = s._budget
@@ -356,7 +356,7 @@ def test_long_token_like_runs_keep_their_secrets(content):
 
 
 def test_the_same_long_content_is_scanned_once(monkeypatch):
-    from otel_verl import _scrub as s
+    from otel_verl.exporters import _scrub as s
 
     s._CACHE.clear()
     calls = []
@@ -372,7 +372,7 @@ def test_the_same_long_content_is_scanned_once(monkeypatch):
 def test_cache_is_bounded_and_thread_safe():
     import threading
 
-    from otel_verl._scrub import _Cache
+    from otel_verl.exporters._scrub import _Cache
 
     cache = _Cache(max_bytes=1 << 20, max_entries=50)
 
@@ -400,13 +400,13 @@ def test_cache_is_bounded_and_thread_safe():
     (r"(?:\d{3}-){2}\d{4}", False), (r"\bticket-[0-9a-f]{8}\b", False),
 ])
 def test_catastrophic_patterns_are_recognised(pattern, catastrophic):
-    from otel_verl._scrub import backtracks_catastrophically
+    from otel_verl.exporters._scrub import backtracks_catastrophically
 
     assert backtracks_catastrophically(pattern) is catastrophic
 
 
 def test_a_catastrophic_pattern_without_regex_fails_closed(monkeypatch, caplog):
-    from otel_verl import _scrub as s
+    from otel_verl.exporters import _scrub as s
 
     monkeypatch.setattr(s, "_regex", None)
     with caplog.at_level(logging.WARNING, logger="otel_verl"):
@@ -435,7 +435,7 @@ def test_with_regex_a_catastrophic_pattern_runs_under_a_timeout_and_fails_closed
     """The other path of test_a_catastrophic_pattern_without_regex_fails_closed."""
     import regex
 
-    from otel_verl import _scrub as s
+    from otel_verl.exporters import _scrub as s
 
     monkeypatch.setattr(s, "_regex", regex)
     with caplog.at_level(logging.WARNING, logger="otel_verl"):

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from otel_verl import semconv
-from otel_verl._file_exporter import FileSpanExporter
+from otel_verl.exporters._file_exporter import FileSpanExporter
 from otel_verl.store import (
     ReadStats,
     filter_spans,

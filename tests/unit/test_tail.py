@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 import otel_verl
 from otel_verl import RolloutTraceConfig, semconv
 from otel_verl._state import STATE
-from otel_verl._tail import TailSamplingProcessor, reward_outliers, span_bytes
+from otel_verl.exporters._tail import TailSamplingProcessor, reward_outliers, span_bytes
 from otel_verl.semconv import SamplingReason as R
 from otel_verl.testing import capture_spans
 

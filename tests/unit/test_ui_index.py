@@ -1,4 +1,4 @@
-"""The viewer's index (otel_verl._index), its HTTP API and the report, without a browser
+"""The viewer's index (otel_verl.store._index), its HTTP API and the report, without a browser
 (the browser tests are the ui tier: tests/ui)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import otel_verl
 from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op, semconv
-from otel_verl._index import SAMPLING_WEIGHT, StoreIndex
 from otel_verl.store import list_files
+from otel_verl.store._index import SAMPLING_WEIGHT, StoreIndex
 from otel_verl.ui.report import write_report
 from otel_verl.ui.server import UIServer, dumps
 

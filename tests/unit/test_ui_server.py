@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import otel_verl
 from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
-from otel_verl._index import StoreIndex
+from otel_verl.store._index import StoreIndex
 from otel_verl.ui import server as server_module
 from otel_verl.ui import views
 from otel_verl.ui.server import UIServer

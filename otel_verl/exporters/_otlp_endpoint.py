@@ -38,7 +38,7 @@ LIBRARY_LOGGERS = (
 )
 #: loggers shared with the application (urllib3's request lines) and our own: only the exact
 #: secrets of the configured endpoints are replaced there
-SHARED_LOGGERS = ("urllib3.connectionpool", "otel_verl", "otel_verl._file_exporter",
+SHARED_LOGGERS = ("urllib3.connectionpool", "otel_verl", "otel_verl.exporters._file_exporter",
                   "otel_weave_exporter")
 
 _KEY_PREFIX = re.compile(r"(?i)^(?:sk|pk|rk|ak|ghp|gho|ghs|glpat|xox[abprs]|hf|key|api|token)[-_]")

@@ -1,6 +1,6 @@
 """Read the local store: OTLP/JSON lines back into plain span dicts, filtered and grouped.
 
-The store is what ``backend="file"`` writes (see :class:`otel_verl._file_exporter.FileSpanExporter`):
+The store is what ``backend="file"`` writes (see :class:`otel_verl.exporters._file_exporter.FileSpanExporter`):
 one ``ExportTraceServiceRequest`` per line in the OTLP/JSON encoding, the OpenTelemetry
 Collector's ``file`` exporter format — so files written by a collector can be read too.
 

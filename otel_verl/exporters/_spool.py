@@ -728,7 +728,7 @@ class DurableSpanExporter(SpanExporter):
             transform = self.transform
         if transform is None:
             if self._default_transform is None:
-                from otel_verl._scrub import Scrubber
+                from otel_verl.exporters._scrub import Scrubber
 
                 self._default_transform = Scrubber(())
             transform = self._default_transform
@@ -1369,7 +1369,7 @@ def replay(spool_dir: str | os.PathLike[str], exporter: SpanExporter, *, batch_s
                             continue
                         if raw:
                             if redact is None:
-                                from otel_verl._scrub import Scrubber
+                                from otel_verl.exporters._scrub import Scrubber
 
                                 redact = Scrubber(())
                             try:

@@ -5,7 +5,7 @@ The SDK's BatchSpanProcessor drops silently (one warning per 20 s) and exposes n
 asking "did I lose traces?" needs numbers, so this one keeps them (``stats()``) and its flush and
 shutdown are bounded in time (any timeout, ``math.inf`` included). The rollout's thread only
 appends to a deque; a span ended after shutdown is counted (``dropped_after_shutdown``).
-With :class:`otel_verl._spool.DurableSpanExporter` behind it, each batch goes to disk within
+With :class:`otel_verl.exporters._spool.DurableSpanExporter` behind it, each batch goes to disk within
 ``schedule_delay_s``, so a SIGKILLed process loses at most the spans of its last schedule delay.
 """
 
@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
 from otel_verl._fork import LiveInstances
-from otel_verl._spool import suppressed_instrumentation, timeout_seconds
+from otel_verl.exporters._spool import suppressed_instrumentation, timeout_seconds
 
 #: nudges (``BoundedBatchProcessor.nudge``) closer together than this are merged into one
 MIN_NUDGE_INTERVAL_S = 0.25
