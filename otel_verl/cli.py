@@ -10,11 +10,12 @@ Usage::
                             [--protocol grpc|http/protobuf] [--project P]
                             [--max-request-bytes N] [--remove]
     otel-verl demo [ARGS...]        # otel_verl.demo.run (needs the "rollout" extras)
-    otel-verl ui [--trace-dir D] [--host 127.0.0.1] [--port 8686]   # the web viewer (docs/ui.md)
-    otel-verl report [--trace-dir D] -o FILE.html [--experiment E] [--step N] [--validate]
+    otel-verl ui [--dir D] [--host 127.0.0.1] [--port 8686]   # the web viewer (docs/ui.md)
+    otel-verl report [--dir D] -o FILE.html [--experiment E] [--step N] [--validate]
 
-Configuration: ``--dir`` defaults to ``$OTEL_VERL_TRACE_DIR``, else ``./otel_verl_traces`` — the
-same directory ``backend="file"`` writes to. Reading shows progress on stderr for large stores
+Configuration: ``--dir`` (every command; ``--trace-dir`` is an alias) defaults to
+``$OTEL_VERL_TRACE_DIR``, else ``./otel_verl_traces`` — the same directory ``backend="file"``
+writes to. Reading shows progress on stderr for large stores
 (tqdm when installed); ``--progress``/``--no-progress`` force it on or off.
 
 Exit status: 0 success, 1 nothing to show (no store, no matching trace), 2 usage error.
@@ -584,7 +585,7 @@ def _open_index(args: argparse.Namespace) -> Any:
     from otel_verl.store._index import StoreIndex
 
     if not os.path.exists(args.dir):
-        print(f"otel-verl: no traces at {args.dir} (set --trace-dir or ${ENV_TRACE_DIR})",
+        print(f"otel-verl: no traces at {args.dir} (set --dir or ${ENV_TRACE_DIR})",
               file=sys.stderr)
         return None
     index = StoreIndex(args.dir, args.index)
@@ -669,7 +670,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
 def _add_viewer_parsers(commands: Any) -> None:
     def store(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--trace-dir", "--dir", dest="dir", default=None,
+            "--dir", "--trace-dir", dest="dir", default=None,
             help=f"the store: a directory (ours or a collector's file-exporter output) or a file "
                  f"(default: ${ENV_TRACE_DIR} or ./otel_verl_traces)")
         parser.add_argument(
