@@ -13,12 +13,11 @@ from __future__ import annotations
 import atexit
 import contextvars
 import dataclasses
-import inspect
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -30,6 +29,7 @@ from otel_verl._payload import Payload, to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler
 from otel_verl.exporters._processor import hand_queues_to_exporters
+from otel_verl.exporters._spans import shutdown_within
 
 _log = logging.getLogger("otel_verl")
 
@@ -109,12 +109,8 @@ class Runtime:
         """Flush, then stop the processor chain; both bounded by ``timeout_s`` in all."""
         half_ms = _half_millis(timeout_s)
         done = self.provider.force_flush(half_ms)  # type: ignore[arg-type]  # inf works
-        stopper: Callable[..., Any] = self.processor.shutdown
         try:
-            if "timeout_millis" in inspect.signature(stopper).parameters:
-                stopper(timeout_millis=half_ms)
-            else:
-                stopper()
+            shutdown_within(self.processor, half_ms)
         except Exception as exc:
             _errors.internal_error(exc, "shutdown")
             done = False

@@ -42,6 +42,7 @@ from otel_verl import _env
 from otel_verl._errors import RateLimitedWarning
 from otel_verl._fork import LiveInstances
 from otel_verl._otlp_json import encode_line, encode_request
+from otel_verl.exporters._io import TornWrite, write_whole
 
 __all__ = [
     "DEFAULT_TRACE_DIR",
@@ -87,18 +88,6 @@ def _forget_parent_file(exporter: FileSpanExporter) -> None:
 
 _LIVE_EXPORTERS: LiveInstances[FileSpanExporter] = LiveInstances("the file exporter",
                                                                  _forget_parent_file)
-
-
-def _size(fd: int, default: int) -> int:
-    try:
-        return os.fstat(fd).st_size
-    except OSError:
-        return default + 1  # unknown: assume a partial write
-
-
-def _write(fd: int, data: memoryview) -> int:
-    """``os.write`` (a seam for the full-disk tests)."""
-    return os.write(fd, data)
 
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -219,18 +208,10 @@ class FileSpanExporter(SpanExporter):
         """Write ``line`` whole, or leave the file ending in a whole line (see the docstring)."""
         if self._torn:
             line = b"\n" + line
-        start = os.lseek(fd, 0, os.SEEK_END)
-        view = memoryview(line)
         try:
-            while view:
-                view = view[_write(fd, view):]
-        except OSError:
-            if _size(fd, start) > start:  # part of the line is in the file: take it back
-                try:
-                    os.ftruncate(fd, start)
-                except OSError:
-                    self._torn = True
-                    raise
+            write_whole(fd, line, os.lseek(fd, 0, os.SEEK_END))
+        except TornWrite:  # part of the line stays in the file: the next one starts a line
+            self._torn = True
             raise
         self._torn = False
 

@@ -5,7 +5,7 @@ The SDK's BatchSpanProcessor drops silently (one warning per 20 s) and exposes n
 asking "did I lose traces?" needs numbers, so this one keeps them (``stats()``) and its flush and
 shutdown are bounded in time (any timeout, ``math.inf`` included). The rollout's thread only
 appends to a deque; a span ended after shutdown is counted (``dropped_after_shutdown``).
-With :class:`otel_verl.exporters._spool.DurableSpanExporter` behind it, each batch goes to disk within
+With :class:`otel_verl.exporters.DurableSpanExporter` behind it, each batch goes to disk within
 ``schedule_delay_s``, so a SIGKILLed process loses at most the spans of its last schedule delay.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import inspect
 import logging
 import math
 import threading
@@ -28,7 +27,12 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
 from otel_verl._fork import LiveInstances
-from otel_verl.exporters._spool import suppressed_instrumentation, timeout_seconds
+from otel_verl.exporters._spans import (  # estimate_bytes: imported from here too
+    estimate_bytes,
+    shutdown_within,
+    suppressed_instrumentation,
+    timeout_seconds,
+)
 
 #: nudges (``BoundedBatchProcessor.nudge``) closer together than this are merged into one
 MIN_NUDGE_INTERVAL_S = 0.25
@@ -75,18 +79,6 @@ class TrajectoryAttributesProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
-
-
-def estimate_bytes(span: ReadableSpan) -> int:
-    """A cheap upper-ish estimate of a span's encoded size (strings by length, the rest flat)."""
-    size = 320 + len(span.name)
-    for key, value in (span.attributes or {}).items():
-        size += len(key) + 40 + (len(value) if type(value) is str else 24)
-    for event in span.events:
-        size += 96 + len(event.name)
-        for key, value in (event.attributes or {}).items():
-            size += len(key) + 40 + (len(value) if type(value) is str else 24)
-    return size
 
 
 class BoundedBatchProcessor(SpanProcessor):
@@ -324,11 +316,7 @@ class BoundedBatchProcessor(SpanProcessor):
     def _exporter_shutdown(self, timeout_s: float) -> None:
         try:
             with suppressed_instrumentation():
-                stopper = self.exporter.shutdown
-                if "timeout_millis" in inspect.signature(stopper).parameters:
-                    stopper(timeout_millis=timeout_s * 1000)  # type: ignore[call-arg]
-                else:
-                    stopper()
+                shutdown_within(self.exporter, timeout_s * 1000)
         except Exception as exc:  # noqa: BLE001
             _errors.internal_error(exc, "exporter.shutdown raised")
 

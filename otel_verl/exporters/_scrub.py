@@ -61,6 +61,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, Status
 
+from otel_verl.exporters._spans import copy_span as _copy
+
 # the parser behind ``re`` (to look at a pattern's structure): re._parser since 3.11
 _sre_parser: Any = importlib.import_module("re._parser" if sys.version_info >= (3, 11)
                                            else "sre_parse")
@@ -1006,18 +1008,6 @@ class Scrubber:
                      events=events if events_changed else span.events,
                      links=links if links_changed else span.links,
                      status=status, resource=resource)
-
-
-def _copy(span: ReadableSpan, **changes: Any) -> ReadableSpan:
-    fields: dict[str, Any] = {
-        "name": span.name, "context": span.context, "parent": span.parent,
-        "resource": span.resource, "attributes": span.attributes, "events": span.events,
-        "links": span.links, "kind": span.kind, "status": span.status,
-        "start_time": span.start_time, "end_time": span.end_time,
-        "instrumentation_scope": span.instrumentation_scope,
-    }
-    fields.update(changes)
-    return ReadableSpan(**fields)
 
 
 def _stripped(span: ReadableSpan) -> ReadableSpan:

@@ -53,16 +53,22 @@ import threading
 import time
 import urllib.parse
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, attach, detach, set_value
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _errors, _otlp_json
 from otel_verl._fork import LiveInstances
+from otel_verl.exporters._io import TornWrite, write_whole
+from otel_verl.exporters._spans import (
+    call_export,
+    copy_span,
+    suppressed_instrumentation,
+    timeout_seconds,
+)
 
 _log = logging.getLogger("otel_verl")
 
@@ -75,26 +81,6 @@ _SEGMENT = re.compile(r"^(?P<stream>wal-.+)-(?P<seq>\d{8})\.jsonl$")
 _STRIKES_TO_QUARANTINE = 3
 # what one attempt to send from a log came to
 _EMPTY, _SENT, _FAILED, _BLOCKED = "empty", "sent", "failed", "blocked"
-
-
-@contextlib.contextmanager
-def suppressed_instrumentation() -> Iterator[None]:
-    """Instrumentation (requests, urllib3, grpc, ...) records nothing inside (the SDK's key)."""
-    token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
-    try:
-        yield
-    finally:
-        detach(token)
-
-
-def call_export(exporter: SpanExporter, spans: Sequence[ReadableSpan]) -> bool:
-    """``exporter.export(spans)`` with instrumentation suppressed; True on SUCCESS, never raises."""
-    try:
-        with suppressed_instrumentation():
-            return exporter.export(spans) is SpanExportResult.SUCCESS
-    except Exception as exc:  # noqa: BLE001  # an exporter must not raise; one that does fails this request
-        _errors.internal_error(exc, "exporter.export raised")
-        return False
 
 
 # --- cutting a span to fit ------------------------------------------------------------------------
@@ -128,17 +114,9 @@ def fit_span(span: ReadableSpan, max_bytes: int) -> tuple[ReadableSpan, bytes, b
         else:
             break
         attributes[TRUNCATED_ATTRIBUTE] = True
-        span = _replace(span, attributes, events)
+        span = copy_span(span, attributes=attributes, events=events)
         line = _otlp_json.encode_span_line(span)
     return span, line, True
-
-
-def _replace(span: ReadableSpan, attributes: dict[str, Any], events: list[Any]) -> ReadableSpan:
-    return ReadableSpan(
-        name=span.name, context=span.context, parent=span.parent, resource=span.resource,
-        attributes=attributes, events=events, links=span.links, kind=span.kind,
-        status=span.status, start_time=span.start_time, end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope)
 
 
 # --- the record format ------------------------------------------------------------------------------
@@ -751,17 +729,10 @@ class DurableSpanExporter(SpanExporter):
             if self._fd is None or self._seg_size >= self._segment_bytes:
                 self._open_segment()
             assert self._fd is not None
-            start = self._seg_size
-            view = memoryview(data)
             try:
-                while view:
-                    view = view[_write(self._fd, view):]
-            except OSError:
-                if _size(self._fd, start) > start:
-                    try:
-                        os.ftruncate(self._fd, start)
-                    except OSError:  # leave the torn line; the next segment starts clean
-                        self._seg_size = self._segment_bytes
+                write_whole(self._fd, data, self._seg_size)
+            except TornWrite:  # the torn line stays; the next segment starts clean
+                self._seg_size = self._segment_bytes
                 raise
             if spans is not None:  # remember them: the sender need not read them back
                 offset = self._seg_size
@@ -1254,29 +1225,6 @@ class DurableSpanExporter(SpanExporter):
         with self._stats_lock:
             for key, value in deltas.items():
                 self._counts[key] = self._counts.get(key, 0) + value
-
-
-def timeout_seconds(timeout_millis: float) -> float:
-    """A timeout in seconds that threading accepts (inf, nan and negatives included)."""
-    try:
-        seconds = float(timeout_millis) / 1000.0
-    except (TypeError, ValueError):
-        return 30.0
-    if math.isnan(seconds) or seconds < 0:
-        return 0.0
-    return min(seconds, threading.TIMEOUT_MAX)
-
-
-def _size(fd: int, default: int) -> int:
-    try:
-        return os.fstat(fd).st_size
-    except OSError:
-        return default + 1  # unknown: assume a partial write
-
-
-def _write(fd: int, data: memoryview) -> int:
-    """``os.write`` (a seam for the full-disk tests)."""
-    return os.write(fd, data)
 
 
 def _count_lines(path: Path, offset: int) -> int:

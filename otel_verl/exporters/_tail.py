@@ -42,7 +42,6 @@ Usage (``otel_verl._provider`` does this when ``tail_keep`` is set)::
 from __future__ import annotations
 
 import collections
-import inspect
 import math
 import threading
 import time
@@ -59,6 +58,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 from otel_verl import _errors, semconv
 from otel_verl._config import TraceConfig
 from otel_verl._fork import LiveInstances
+from otel_verl.exporters._spans import copy_span, shutdown_within
 from otel_verl.semconv import SamplingReason
 
 RULES = ("errors", "truncated", "reward_outliers", "groups")
@@ -109,11 +109,7 @@ def span_bytes(span: ReadableSpan) -> int:
 
 def with_attributes(span: ReadableSpan, extra: Mapping[str, Any]) -> ReadableSpan:
     """A copy of a finished span with more attributes (a finished span cannot be changed)."""
-    return ReadableSpan(
-        name=span.name, context=span.context, parent=span.parent, resource=span.resource,
-        attributes={**(span.attributes or {}), **extra}, events=span.events, links=span.links,
-        kind=span.kind, status=span.status, start_time=span.start_time, end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope)
+    return copy_span(span, attributes={**(span.attributes or {}), **extra})
 
 
 class _Undecided:
@@ -599,11 +595,7 @@ class TailSamplingProcessor(SpanProcessor):
                 _errors.internal_error(exc, "tail sampling shutdown")
         for span in out:
             self.next.on_end(span)
-        stopper = self.next.shutdown
-        if "timeout_millis" in inspect.signature(stopper).parameters:
-            stopper(timeout_millis=timeout_millis)  # type: ignore[call-arg]
-        else:
-            stopper()
+        shutdown_within(self.next, timeout_millis)
 
     def stats(self) -> dict[str, int]:
         """The export processor's counts plus ``tail_*``: ran, kept.<reason>, dropped,

@@ -20,6 +20,7 @@ from otel_verl.exporters import (
     TRUNCATED_ATTRIBUTE,
     BoundedBatchProcessor,
     DurableSpanExporter,
+    _io,
     _spool,
     replay,
 )
@@ -228,7 +229,7 @@ def test_full_disk_sends_directly_and_counts_only_real_losses(tmp_path, monkeypa
 
     inner = Switchable()
     tracer, processor, durable = pipeline(inner, tmp_path)
-    monkeypatch.setattr(_spool, "_write", full)
+    monkeypatch.setattr(_io, "write", full)
     ids = record(tracer, 20)
     assert processor.force_flush(10000)
     assert inner.ids() == ids and durable.stats()["spool_failed"] == 0
@@ -248,7 +249,7 @@ def test_full_disk_and_no_backend_beyond_the_memory_bound_counts_the_loss(tmp_pa
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(_spool, "_write", full)
+    monkeypatch.setattr(_io, "write", full)
     inner = Switchable(up=False)
     tracer, processor, durable = pipeline(inner, tmp_path, max_overflow_bytes=20_000)
     record(tracer, 200, size=500)
@@ -260,7 +261,7 @@ def test_full_disk_and_no_backend_beyond_the_memory_bound_counts_the_loss(tmp_pa
 
 
 def test_partial_write_on_a_full_disk_is_cut_back(tmp_path, monkeypatch):
-    real = _spool._write
+    real = _io.write
     calls = {"n": 0}
 
     def half_then_full(fd, data):
@@ -271,7 +272,7 @@ def test_partial_write_on_a_full_disk_is_cut_back(tmp_path, monkeypatch):
         return real(fd, data)
 
     inner = Switchable(up=False)
-    monkeypatch.setattr(_spool, "_write", half_then_full)
+    monkeypatch.setattr(_io, "write", half_then_full)
     tracer, processor, _ = pipeline(inner, tmp_path)
     for _ in range(3):
         record(tracer, 4)
@@ -546,9 +547,9 @@ def test_shutdown_that_runs_out_of_time_hands_the_queue_to_the_log_unredacted(tm
 
 
 def _redact_secret(span):
-    from otel_verl.exporters._spool import _replace
+    from otel_verl.exporters._spans import copy_span
 
     attributes = dict(span.attributes or {})
     if attributes.get("secret") == "SECRET":
         attributes["secret"] = "[REDACTED]"
-    return _replace(span, attributes, list(span.events))
+    return copy_span(span, attributes=attributes)

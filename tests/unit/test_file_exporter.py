@@ -347,12 +347,12 @@ def _unwritable(kind, tmp_path, monkeypatch):
         blocker = tmp_path / "a-file"
         blocker.write_text("not a directory")
         return blocker / "store"
-    from otel_verl.exporters import _file_exporter
+    from otel_verl.exporters import _io
 
     def denied(fd, data):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(_file_exporter, "_write", denied)
+    monkeypatch.setattr(_io, "write", denied)
     return tmp_path / "store"
 
 
@@ -469,10 +469,10 @@ def test_ints_beyond_4300_digits_drop_the_attribute_not_the_batch(tmp_path, capl
 def test_a_partial_write_on_a_full_disk_does_not_corrupt_the_next_line(tmp_path, monkeypatch):
     import errno
 
-    from otel_verl.exporters import _file_exporter
+    from otel_verl.exporters import _file_exporter, _io
     from otel_verl.store import ReadStats, read_spans
 
-    real = _file_exporter._write
+    real = _io.write
     mode = {"fail": False, "truncate_fails": False}
 
     def flaky(fd, data):
@@ -488,7 +488,7 @@ def test_a_partial_write_on_a_full_disk_does_not_corrupt_the_next_line(tmp_path,
             raise OSError(errno.EIO, "cannot truncate")
         return real_ftruncate(fd, size)
 
-    monkeypatch.setattr(_file_exporter, "_write", flaky)
+    monkeypatch.setattr(_io, "write", flaky)
     monkeypatch.setattr(_file_exporter.os, "ftruncate", ftruncate)
     exporter = FileSpanExporter(tmp_path)
     provider = _provider(exporter)
