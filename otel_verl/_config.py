@@ -27,7 +27,7 @@ import secrets
 import string
 import sys
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
 from otel_verl import _env
 
@@ -49,63 +49,6 @@ VERL_TRACE_PREFIX = "actor_rollout_ref.rollout.trace."
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the key and what is allowed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceConfig:
-    """The resolved tracing configuration of one process. Build it with ``resolve_config``."""
-
-    project_name: str = "otel-verl"
-    experiment_name: str = "default"
-    backend: str | None = "file"
-    token2text: bool = False
-    max_samples_per_step_per_worker: int | None = None
-    trace_dir: str = "./otel_verl_traces"
-    otlp_endpoint: str | None = None
-    otlp_protocol: str = "grpc"
-    service_name: str = "otel-verl"
-    max_field_bytes: int = 64 * 1024
-    max_span_bytes: int = 512 * 1024
-    redact: bool = True
-    capture_payloads: bool = True
-    processor: str = "batch"
-    max_queue_size: int = 16384
-    max_export_batch_size: int = 512
-    schedule_delay_s: float = 1.0
-    export_timeout_s: float = 10.0
-    spool_dir: str | None = None
-    weave_entity: str | None = None
-    weave_base_url: str | None = None
-    redact_patterns: tuple[str, ...] = ()
-    durable: bool = True
-    max_queue_bytes: int = 256 * 1024 * 1024
-    max_request_bytes: int = 3 * 1024 * 1024
-    max_spool_bytes: int = 1024 * 1024 * 1024
-    export_delay_s: float = 1.0
-    tail_keep: tuple[str, ...] = ()
-    group_size: int | None = None
-    tail_reward_z: float = 2.0
-    tail_max_per_step_per_worker: int | None = None
-    tail_buffer_bytes: int = 64 * 1024 * 1024
-    tail_group_timeout_s: float = 300.0
-    weave_ingest: str = "calls"
-    weave_keep_trajectory: bool = True
-    weave_threads: bool = True
-    weave_include_otel_attributes: bool = True
-    wandb_run_id: str | None = None
-    #: the fields set by an explicit argument or a verl key (here, or in the driver this worker's
-    #: configuration came from): in a worker, a standard ``OTEL_*`` variable does not override
-    #: them. Not part of the configuration's value (ignored by ``==``).
-    chosen: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
-
-    @property
-    def enabled(self) -> bool:
-        """True when a backend that records spans is selected."""
-        return self.backend is not None and self.backend != "none"
-
-    def to_json(self) -> str:
-        """Serialise for a worker process (see ``RolloutTraceConfig.export_env``)."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
 # --- value parsers: raise ConfigError(message without the key); the caller adds the key ----------
@@ -293,22 +236,6 @@ def _parse_traces_exporter(value: Any) -> str:
     return _TRACES_EXPORTER_ALIASES[first]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Field:
-    """One option: its parser, environment names (first wins), verl keys and documentation.
-
-    The default is the ``TraceConfig`` field's; ``doc`` feeds the README's configuration table.
-    """
-
-    name: str
-    parse: Callable[[Any], Any]
-    env: tuple[str, ...] = ()
-    verl: tuple[str, ...] = ()
-    doc: str = ""
-    #: the default as the README shows it (when the TraceConfig default says too little)
-    shown_default: str = ""
-
-
 def _ms_to_s(value: Any) -> float:
     try:
         return _parse_schedule_delay(float(value) / 1000.0)
@@ -316,194 +243,318 @@ def _ms_to_s(value: Any) -> float:
         raise ConfigError(f"expected a positive number of milliseconds, got {value!r}") from None
 
 
-_FIELDS: tuple[_Field, ...] = (
-    _Field("project_name", _parse_str, (_env.OTEL_VERL_PROJECT_NAME,),
-           (VERL_TRACE_PREFIX + "project_name", "trainer.project_name"),
-           doc="the run's project: Weave project, `rollout.project_name` on the resource",
-           shown_default='`otel-verl`'),
-    _Field("experiment_name", _parse_str, (_env.OTEL_VERL_EXPERIMENT_NAME,),
-           (VERL_TRACE_PREFIX + "experiment_name", "trainer.experiment_name"),
-           doc='`rollout.experiment_name` on every span; keys the deterministic sampler',
-           shown_default='`default`'),
-    _Field("backend", _parse_backend, (_env.OTEL_VERL_BACKEND,), (VERL_TRACE_PREFIX + "backend",),
-           doc=('`file`, `otlp`, `weave`, `console`, `none`; explicit `None` or an unknown name = '
-                "off (verl's rule, with a warning). `OTEL_TRACES_EXPORTER` (first of a list) counts"
-                ' below `OTEL_VERL_BACKEND`'),
-           shown_default='`file`'),
-    _Field("token2text", _parse_bool, (_env.OTEL_VERL_TOKEN2TEXT,),
-           (VERL_TRACE_PREFIX + "token2text",),
-           doc=("add decoded `prompt_text`/`response_text` to traced outputs (needs the owner's "
-                '`tokenizer`)'),
-           shown_default='`false`'),
-    _Field("max_samples_per_step_per_worker", _parse_max_samples,
-           (_env.OTEL_VERL_MAX_SAMPLES_PER_STEP_PER_WORKER,),
-           (VERL_TRACE_PREFIX + "max_samples_per_step_per_worker",),
-           doc=('N unique samples traced per step per worker (every rollout of a chosen sample); '
-                '`0` = none; negative = error'),
-           shown_default='`null` (all)'),
-    _Field("trace_dir", _parse_str, (_env.OTEL_VERL_TRACE_DIR,), (VERL_TRACE_PREFIX + "trace_dir",),
-           doc='the local store (`backend=file`) and the default spool',
-           shown_default='`./otel_verl_traces`'),
-    _Field("otlp_endpoint", _parse_opt_str,
-           (_env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _env.OTEL_EXPORTER_OTLP_ENDPOINT),
-           (VERL_TRACE_PREFIX + "otlp_endpoint",),
-           doc='collector address for `backend=otlp`',
-           shown_default="the OTLP exporter's own"),
-    _Field("otlp_protocol", _choice(OTLP_PROTOCOLS),
-           (_env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, _env.OTEL_EXPORTER_OTLP_PROTOCOL),
-           (VERL_TRACE_PREFIX + "otlp_protocol",),
-           doc='`grpc` or `http/protobuf`',
-           shown_default='`grpc`'),
-    _Field("service_name", _parse_str, (_env.OTEL_SERVICE_NAME,),
-           (VERL_TRACE_PREFIX + "service_name",),
-           doc='`service.name` on the resource',
-           shown_default='`otel-verl`'),
-    _Field("max_field_bytes", lambda v: _parse_int(v, 256), (_env.OTEL_VERL_MAX_FIELD_BYTES,),
-           (VERL_TRACE_PREFIX + "max_field_bytes",),
-           doc='cap of one `input.value`/`output.value` (and of free-text attributes)',
-           shown_default='65536'),
-    _Field("max_span_bytes", lambda v: _parse_int(v, 1024), (_env.OTEL_VERL_MAX_SPAN_BYTES,),
-           (VERL_TRACE_PREFIX + "max_span_bytes",),
-           doc='cap of input + output of one span',
-           shown_default='524288'),
-    _Field("redact", _parse_bool, (_env.OTEL_VERL_REDACT,), (VERL_TRACE_PREFIX + "redact",),
-           doc=('redact secrets (key names like `api_key`, `authorization`, `password`; values that'
-                ' look like keys or tokens) before anything leaves the process'),
-           shown_default='`true`'),
-    _Field("capture_payloads", _parse_bool, (_env.OTEL_VERL_CAPTURE_PAYLOADS,),
-           (VERL_TRACE_PREFIX + "capture_payloads",),
-           doc=('`false` = metadata-only tracing: spans, attributes, usage and errors, no '
-                '`input.value`/`output.value`/tool content'),
-           shown_default='`true`'),
-    _Field("processor", _choice(PROCESSORS), (_env.OTEL_VERL_PROCESSOR,),
-           (VERL_TRACE_PREFIX + "processor",),
-           doc='`batch`, or `simple` (synchronous export: tests only)',
-           shown_default='`batch`'),
-    _Field("max_queue_size", lambda v: _parse_int(v, 1), (_env.OTEL_BSP_MAX_QUEUE_SIZE,),
-           (VERL_TRACE_PREFIX + "max_queue_size",),
-           doc='spans held in memory waiting for export',
-           shown_default='16384'),
-    _Field("max_export_batch_size", lambda v: _parse_int(v, 1),
-           (_env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE,), (VERL_TRACE_PREFIX + "max_export_batch_size",),
-           doc='spans per export request at most',
-           shown_default='512'),
-    _Field("schedule_delay_s", _parse_schedule_delay, (), (VERL_TRACE_PREFIX + "schedule_delay_s",),
-           doc="seconds a finished span waits in memory at most before its batch is exported "
-               "(to the durable log with `durable`: what a SIGKILL can lose); at least 0.01 "
-               "(`OTEL_BSP_SCHEDULE_DELAY` is in ms)",
-           shown_default='1.0'),
-    _Field("export_timeout_s", _parse_positive_float, (), (VERL_TRACE_PREFIX + "export_timeout_s",),
-           doc="one export request's time limit",
-           shown_default='10.0'),
-    _Field("spool_dir", _parse_opt_str, (_env.OTEL_VERL_SPOOL_DIR,),
-           (VERL_TRACE_PREFIX + "spool_dir",),
-           doc='the durable log: spans wait there until the backend accepts them',
-           shown_default='`<trace_dir>/spool/<backend>`'),
-    _Field("weave_entity", _parse_opt_str, (_env.OTEL_VERL_WEAVE_ENTITY,),
-           (VERL_TRACE_PREFIX + "weave_entity",),
-           doc='Weave entity (then `WANDB_ENTITY`)',
-           shown_default='the W&B default entity'),
-    _Field("weave_base_url", _parse_opt_str, (_env.OTEL_VERL_WEAVE_BASE_URL,),
-           (VERL_TRACE_PREFIX + "weave_base_url",),
-           doc='Weave trace server (then `WANDB_BASE_URL`)',
-           shown_default="W&B's hosted trace server"),
-    _Field("redact_patterns", _parse_patterns, (_env.OTEL_VERL_REDACT_PATTERNS,),
-           (VERL_TRACE_PREFIX + "redact_patterns",),
-           doc="more regular expressions whose matches are redacted from everything exported "
-               "(a list; in the environment a JSON array or one pattern), added to the built-in "
-               "catalogue",
-           shown_default="none"),
-    _Field("durable", _parse_bool, (_env.OTEL_VERL_DURABLE,), (VERL_TRACE_PREFIX + "durable",),
-           doc="otlp, weave and exporters passed in (batch processor) deliver through a log on "
-               "disk (`spool_dir`, default `<trace_dir>/spool/<backend>`): an outage of any "
-               "length loses nothing within `max_spool_bytes`; the next process or "
-               "`otel-verl traces replay` delivers what a process left",
-           shown_default='`true`'),
-    _Field("max_queue_bytes", lambda v: _parse_int(v, 1024), (_env.OTEL_VERL_MAX_QUEUE_BYTES,),
-           (VERL_TRACE_PREFIX + "max_queue_bytes",),
-           doc="bytes of finished spans held in memory at most (estimated); from half of it the "
-               "queue is handed to the exporter (the log) early, beyond it spans are dropped "
-               "and counted",
-           shown_default='268435456 (256 MiB)'),
-    _Field("max_request_bytes", lambda v: _parse_int(v, 4096),
-           (_env.OTEL_VERL_MAX_REQUEST_BYTES,), (VERL_TRACE_PREFIX + "max_request_bytes",),
-           doc="bytes per export request at most (OTLP/JSON size of its spans; under the "
-               "Collector's 4 MiB gRPC limit); a larger span is cut to fit and marked "
-               "`otel_verl.truncated`",
-           shown_default='3145728 (3 MiB)'),
-    _Field("max_spool_bytes", lambda v: _parse_int(v, 1024 * 1024),
-           (_env.OTEL_VERL_MAX_SPOOL_BYTES,), (VERL_TRACE_PREFIX + "max_spool_bytes",),
-           doc="bytes the durable log may hold per process; beyond it the oldest spans are "
-               "dropped, counted (`dropped_spool_full`) and reported",
-           shown_default='1073741824 (1 GiB)'),
-    _Field("export_delay_s", _parse_positive_float, (_env.OTEL_VERL_EXPORT_DELAY,),
-           (VERL_TRACE_PREFIX + "export_delay_s",),
-           doc="with `durable`: a request that is not full leaves once its oldest span waited "
-               "this long (the spans are on disk meanwhile); longer fills requests better but "
-               "leaves more on disk when a worker is killed (picked up by the next process)",
-           shown_default='1.0'),
-    # tail sampling (otel_verl.exporters._tail, docs/sampling.md)
-    _Field("tail_keep", _parse_tail_keep, (_env.OTEL_VERL_TAIL_KEEP,),
-           (VERL_TRACE_PREFIX + "tail_keep",),
-           doc="tail rules that export a trajectory the head rule did not pick, decided when it "
-               "ends: `errors`, `truncated`, `reward_outliers`, `groups` (a list, or a comma "
-               "string in the environment); empty = off (no provisional recording, no cost)",
-           shown_default="empty (off)"),
-    _Field("group_size", _parse_opt_int(1), (_env.OTEL_VERL_GROUP_SIZE,),
-           (VERL_TRACE_PREFIX + "group_size", "actor_rollout_ref.rollout.n"),
-           doc="rollouts per GRPO group (verl's `actor_rollout_ref.rollout.n`); a group is "
-               "decided when this many of its trajectories ended on this worker, else at a step "
-               "change, `tail_group_timeout_s` or a flush; `null` = only then",
-           shown_default="`null`"),
-    _Field("tail_reward_z", _parse_z, (_env.OTEL_VERL_TAIL_REWARD_Z,),
-           (VERL_TRACE_PREFIX + "tail_reward_z",),
-           doc="`reward_outliers` with continuous rewards: keep a trajectory whose reward is at "
-               "least this many standard deviations from its group's mean (a group of n can "
-               "reach at most sqrt(n-1): 2.0 needs groups of 5 or more)",
-           shown_default="2.0"),
-    _Field("tail_max_per_step_per_worker", _parse_opt_int(0),
-           (_env.OTEL_VERL_TAIL_MAX_PER_STEP_PER_WORKER,),
-           (VERL_TRACE_PREFIX + "tail_max_per_step_per_worker",),
-           doc="most trajectories the tail rules add per step per worker (`null` = no cap); "
-               "the rest are dropped and counted as `over_budget`",
-           shown_default="`null` (no cap)"),
-    _Field("tail_buffer_bytes", lambda v: _parse_int(v, 0), (_env.OTEL_VERL_TAIL_BUFFER_BYTES,),
-           (VERL_TRACE_PREFIX + "tail_buffer_bytes",),
-           doc="memory for spans of undecided trajectories (estimated bytes); when full, the "
-               "oldest undecided trajectories are exported early (reason `overflow`), never "
-               "dropped",
-           shown_default="67108864 (64 MiB)"),
-    _Field("tail_group_timeout_s", _parse_positive_float, (_env.OTEL_VERL_TAIL_GROUP_TIMEOUT_S,),
-           (VERL_TRACE_PREFIX + "tail_group_timeout_s",),
-           doc="an incomplete group is decided with the trajectories it has after this long",
-           shown_default="300.0"),
-    _Field("weave_ingest", _choice(WEAVE_INGEST), (_env.OTEL_VERL_WEAVE_INGEST,),
-           (VERL_TRACE_PREFIX + "weave_ingest",),
-           doc='backend=weave path: `calls` (our exporter: complete calls) or `otel` (Weave\'s '
-               'own OTel ingestion, `/otel/v1/traces`); docs/weave.md compares them',
-           shown_default='`calls`'),
-    _Field("weave_keep_trajectory", _parse_bool, (_env.OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY,),
-           (VERL_TRACE_PREFIX + "weave_keep_trajectory",),
-           doc="the trajectory span is each trajectory's one root call; `false`: verl's shape "
-               "(the agent loop is the root; a reward span beside it is a second root)"),
-    _Field("weave_threads", _parse_bool, (_env.OTEL_EXPORTER_WEAVE_THREADS,),
-           (VERL_TRACE_PREFIX + "weave_threads",),
-           doc="Weave threads: `thread_id` = the trajectory, `turn_id` on each LLM turn"),
-    _Field("weave_include_otel_attributes", _parse_bool, (),
-           (VERL_TRACE_PREFIX + "weave_include_otel_attributes",),
-           doc="the span's other attributes, kind, scope and resource under `attributes.otel`"),
-    _Field("wandb_run_id", _parse_opt_str, (_env.WANDB_RUN_ID,),
-           (VERL_TRACE_PREFIX + "wandb_run_id",),
-           doc="the W&B run every Weave call links to (`wb_run_id`); when unset, `export_env()` "
-               "fixes one in the driver (a later `wandb.init` there uses it) for its workers",
-           shown_default="the active wandb run"),
-)
-FIELD_NAMES = tuple(f.name for f in _FIELDS)
-# OTEL_BSP_SCHEDULE_DELAY is in milliseconds (OTel spec); ours is seconds
-_ENV_CONVERTERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "schedule_delay_s": (_env.OTEL_BSP_SCHEDULE_DELAY, _ms_to_s),
-    "backend": (_env.OTEL_TRACES_EXPORTER, _parse_traces_exporter),
-}
+def _int_at_least(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        return _parse_int(value, minimum)
+
+    return parse
+
+
+# --- the options: one row each, in TraceConfig's fields ------------------------------------------
+
+_T = TypeVar("_T")
+_ROW = "otel_verl.option"  # the key of an option's row in its dataclass field's metadata
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """What a ``TraceConfig`` field's metadata says about its option (see ``Option``)."""
+
+    parse: Callable[[Any], Any]
+    env: tuple[str, ...]
+    env_parsed: tuple[tuple[str, Callable[[Any], Any]], ...]
+    verl: tuple[str, ...]
+    doc: str
+    note: str
+
+
+def _option(default: _T, parse: Callable[[Any], Any], *, env: tuple[str, ...] = (),
+            env_parsed: tuple[tuple[str, Callable[[Any], Any]], ...] = (),
+            also_verl: tuple[str, ...] = (), note: str = "", doc: str) -> _T:
+    """A ``TraceConfig`` field and everything about its option, in one row.
+
+    Args:
+        default: the value when no source gives one.
+        parse: turns a value from any source into the field's value, or raises ``ConfigError``.
+        env: environment names, first that parses wins (``OTEL_VERL_*`` ones rank above the
+            driver's choice in a worker, standard ones below it).
+        env_parsed: more environment names, each with its own parser (another unit or form),
+            read after ``env``.
+        also_verl: verl keys after ``actor_rollout_ref.rollout.trace.<name>``.
+        note: what the default means, where its value says too little (shown beside it).
+        doc: one line for the configuration table (docs/configuration.md).
+    """
+    row = _Row(parse, env, env_parsed, also_verl, doc, note)
+    return dataclasses.field(default=default, metadata={_ROW: row})
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceConfig:
+    """The resolved tracing configuration of one process. Build it with ``resolve_config``.
+
+    Each field is one option: its default, parser, environment names, verl keys and documentation
+    are in its ``_option(...)`` row (``OPTIONS`` lists them; ``options_markdown`` renders them).
+    """
+    project_name: str = _option(
+        "otel-verl", _parse_str, env=(_env.OTEL_VERL_PROJECT_NAME,),
+        also_verl=("trainer.project_name",),
+        doc="the run's project: Weave project, `rollout.project_name` on the resource")
+    experiment_name: str = _option(
+        "default", _parse_str, env=(_env.OTEL_VERL_EXPERIMENT_NAME,),
+        also_verl=("trainer.experiment_name",),
+        doc="`rollout.experiment_name` on every span; keys the deterministic sampler")
+    backend: str | None = _option(
+        "file", _parse_backend, env=(_env.OTEL_VERL_BACKEND,),
+        env_parsed=((_env.OTEL_TRACES_EXPORTER, _parse_traces_exporter),),
+        doc="`file`, `otlp`, `weave`, `console`, `none`; explicit `None` or an unknown name = off"
+            " (verl's rule, with a warning). `OTEL_TRACES_EXPORTER` (first of a list) counts "
+            "below `OTEL_VERL_BACKEND`")
+    token2text: bool = _option(
+        False, _parse_bool, env=(_env.OTEL_VERL_TOKEN2TEXT,),
+        doc="add decoded `prompt_text`/`response_text` to traced outputs (needs the owner's "
+            "`tokenizer`)")
+    max_samples_per_step_per_worker: int | None = _option(
+        None, _parse_max_samples, env=(_env.OTEL_VERL_MAX_SAMPLES_PER_STEP_PER_WORKER,),
+        note="all",
+        doc="N unique samples traced per step per worker (every rollout of a chosen sample); `0` "
+            "= none; negative = error")
+    trace_dir: str = _option(
+        "./otel_verl_traces", _parse_str, env=(_env.OTEL_VERL_TRACE_DIR,),
+        doc="the local store (`backend=file`) and the default spool")
+    otlp_endpoint: str | None = _option(
+        None, _parse_opt_str,
+        env=(_env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, _env.OTEL_EXPORTER_OTLP_ENDPOINT),
+        note="the OTLP exporter's own",
+        doc="collector address for `backend=otlp`")
+    otlp_protocol: str = _option(
+        "grpc", _choice(OTLP_PROTOCOLS),
+        env=(_env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, _env.OTEL_EXPORTER_OTLP_PROTOCOL),
+        doc="`grpc` or `http/protobuf`")
+    service_name: str = _option(
+        "otel-verl", _parse_str, env=(_env.OTEL_SERVICE_NAME,),
+        doc="`service.name` on the resource")
+    max_field_bytes: int = _option(
+        64 * 1024, _int_at_least(256), env=(_env.OTEL_VERL_MAX_FIELD_BYTES,),
+        doc="cap of one `input.value`/`output.value` (and of free-text attributes)")
+    max_span_bytes: int = _option(
+        512 * 1024, _int_at_least(1024), env=(_env.OTEL_VERL_MAX_SPAN_BYTES,),
+        doc="cap of input + output of one span")
+    redact: bool = _option(
+        True, _parse_bool, env=(_env.OTEL_VERL_REDACT,),
+        doc="redact secrets (key names like `api_key`, `authorization`, `password`; values that "
+            "look like keys or tokens) before anything leaves the process")
+    capture_payloads: bool = _option(
+        True, _parse_bool, env=(_env.OTEL_VERL_CAPTURE_PAYLOADS,),
+        doc="`false` = metadata-only tracing: spans, attributes, usage and errors, no "
+            "`input.value`/`output.value`/tool content")
+    processor: str = _option(
+        "batch", _choice(PROCESSORS), env=(_env.OTEL_VERL_PROCESSOR,),
+        doc="`batch`, or `simple` (synchronous export: tests only)")
+    max_queue_size: int = _option(
+        16384, _int_at_least(1), env=(_env.OTEL_BSP_MAX_QUEUE_SIZE,),
+        doc="spans held in memory waiting for export")
+    max_export_batch_size: int = _option(
+        512, _int_at_least(1), env=(_env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE,),
+        doc="spans per export request at most")
+    schedule_delay_s: float = _option(
+        1.0, _parse_schedule_delay,
+        env_parsed=((_env.OTEL_BSP_SCHEDULE_DELAY, _ms_to_s),),
+        doc="seconds a finished span waits in memory at most before its batch is exported (to the"
+            " durable log with `durable`: what a SIGKILL can lose); at least 0.01 "
+            "(`OTEL_BSP_SCHEDULE_DELAY` is in ms)")
+    export_timeout_s: float = _option(
+        10.0, _parse_positive_float,
+        doc="one export request's time limit")
+    spool_dir: str | None = _option(
+        None, _parse_opt_str, env=(_env.OTEL_VERL_SPOOL_DIR,),
+        note="`<trace_dir>/spool/<backend>`",
+        doc="the durable log: spans wait there until the backend accepts them")
+    weave_entity: str | None = _option(
+        None, _parse_opt_str, env=(_env.OTEL_VERL_WEAVE_ENTITY,), note="the W&B default entity",
+        doc="Weave entity (then `WANDB_ENTITY`)")
+    weave_base_url: str | None = _option(
+        None, _parse_opt_str, env=(_env.OTEL_VERL_WEAVE_BASE_URL,),
+        note="W&B's hosted trace server",
+        doc="Weave trace server (then `WANDB_BASE_URL`)")
+    redact_patterns: tuple[str, ...] = _option(
+        (), _parse_patterns, env=(_env.OTEL_VERL_REDACT_PATTERNS,),
+        doc="more regular expressions whose matches are redacted from everything exported (a "
+            "list; in the environment a JSON array or one pattern), added to the built-in "
+            "catalogue")
+    durable: bool = _option(
+        True, _parse_bool, env=(_env.OTEL_VERL_DURABLE,),
+        doc="otlp, weave and exporters passed in (batch processor) deliver through a log on disk "
+            "(`spool_dir`, default `<trace_dir>/spool/<backend>`): an outage of any length loses "
+            "nothing within `max_spool_bytes`; the next process or `otel-verl traces replay` "
+            "delivers what a process left")
+    max_queue_bytes: int = _option(
+        256 * 1024 * 1024, _int_at_least(1024), env=(_env.OTEL_VERL_MAX_QUEUE_BYTES,),
+        doc="bytes of finished spans held in memory at most (estimated); from half of it the "
+            "queue is handed to the exporter (the log) early, beyond it spans are dropped and "
+            "counted")
+    max_request_bytes: int = _option(
+        3 * 1024 * 1024, _int_at_least(4096), env=(_env.OTEL_VERL_MAX_REQUEST_BYTES,),
+        doc="bytes per export request at most (OTLP/JSON size of its spans; under the Collector's"
+            " 4 MiB gRPC limit); a larger span is cut to fit and marked `otel_verl.truncated`")
+    max_spool_bytes: int = _option(
+        1024 * 1024 * 1024, _int_at_least(1024 * 1024), env=(_env.OTEL_VERL_MAX_SPOOL_BYTES,),
+        doc="bytes the durable log may hold per process; beyond it the oldest spans are dropped, "
+            "counted (`dropped_spool_full`) and reported")
+    export_delay_s: float = _option(
+        1.0, _parse_positive_float, env=(_env.OTEL_VERL_EXPORT_DELAY,),
+        doc="with `durable`: a request that is not full leaves once its oldest span waited this "
+            "long (the spans are on disk meanwhile); longer fills requests better but leaves more"
+            " on disk when a worker is killed (picked up by the next process)")
+    tail_keep: tuple[str, ...] = _option(
+        (), _parse_tail_keep, env=(_env.OTEL_VERL_TAIL_KEEP,), note="off",
+        doc="tail rules that export a trajectory the head rule did not pick, decided when it "
+            "ends: `errors`, `truncated`, `reward_outliers`, `groups` (a list, or a comma string "
+            "in the environment); empty = off (no provisional recording, no cost)")
+    group_size: int | None = _option(
+        None, _parse_opt_int(1), env=(_env.OTEL_VERL_GROUP_SIZE,),
+        also_verl=("actor_rollout_ref.rollout.n",),
+        doc="rollouts per GRPO group (verl's `actor_rollout_ref.rollout.n`); a group is decided "
+            "when this many of its trajectories ended on this worker, else at a step change, "
+            "`tail_group_timeout_s` or a flush; `null` = only then")
+    tail_reward_z: float = _option(
+        2.0, _parse_z, env=(_env.OTEL_VERL_TAIL_REWARD_Z,),
+        doc="`reward_outliers` with continuous rewards: keep a trajectory whose reward is at "
+            "least this many standard deviations from its group's mean (a group of n can reach at"
+            " most sqrt(n-1): 2.0 needs groups of 5 or more)")
+    tail_max_per_step_per_worker: int | None = _option(
+        None, _parse_opt_int(0), env=(_env.OTEL_VERL_TAIL_MAX_PER_STEP_PER_WORKER,), note="no cap",
+        doc="most trajectories the tail rules add per step per worker (`null` = no cap); the rest"
+            " are dropped and counted as `over_budget`")
+    tail_buffer_bytes: int = _option(
+        64 * 1024 * 1024, _int_at_least(0), env=(_env.OTEL_VERL_TAIL_BUFFER_BYTES,),
+        doc="memory for spans of undecided trajectories (estimated bytes); when full, the oldest "
+            "undecided trajectories are exported early (reason `overflow`), never dropped")
+    tail_group_timeout_s: float = _option(
+        300.0, _parse_positive_float, env=(_env.OTEL_VERL_TAIL_GROUP_TIMEOUT_S,),
+        doc="an incomplete group is decided with the trajectories it has after this long")
+    weave_ingest: str = _option(
+        "calls", _choice(WEAVE_INGEST), env=(_env.OTEL_VERL_WEAVE_INGEST,),
+        doc="backend=weave path: `calls` (our exporter: complete calls) or `otel` (Weave's own "
+            "OTel ingestion, `/otel/v1/traces`); docs/weave.md compares them")
+    weave_keep_trajectory: bool = _option(
+        True, _parse_bool, env=(_env.OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY,),
+        doc="the trajectory span is each trajectory's one root call; `false`: verl's shape (the "
+            "agent loop is the root; a reward span beside it is a second root)")
+    weave_threads: bool = _option(
+        True, _parse_bool, env=(_env.OTEL_EXPORTER_WEAVE_THREADS,),
+        doc="Weave threads: `thread_id` = the trajectory, `turn_id` on each LLM turn")
+    weave_include_otel_attributes: bool = _option(
+        True, _parse_bool,
+        doc="the span's other attributes, kind, scope and resource under `attributes.otel`")
+    wandb_run_id: str | None = _option(
+        None, _parse_opt_str, env=(_env.WANDB_RUN_ID,), note="the active wandb run",
+        doc="the W&B run every Weave call links to (`wb_run_id`); when unset, `export_env()` "
+            "fixes one in the driver (a later `wandb.init` there uses it) for its workers")
+    #: the fields set by an explicit argument or a verl key (here, or in the driver this worker's
+    #: configuration came from): in a worker, a standard ``OTEL_*`` variable does not override
+    #: them. Not part of the configuration's value (ignored by ``==``).
+    chosen: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        """True when a backend that records spans is selected."""
+        return self.backend is not None and self.backend != "none"
+
+    def to_json(self) -> str:
+        """Serialise for a worker process (see ``RolloutTraceConfig.export_env``)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One configuration option, as its ``TraceConfig`` field declares it (see ``_option``)."""
+
+    name: str
+    #: the field's annotation, as written (``"int | None"``)
+    type: str
+    default: Any
+    parse: Callable[[Any], Any]
+    #: environment names read with ``parse``, first that parses wins
+    env: tuple[str, ...]
+    #: environment names read with their own parser (another unit or form), after ``env``
+    env_parsed: tuple[tuple[str, Callable[[Any], Any]], ...]
+    #: verl / Hydra keys, first that is set wins
+    verl: tuple[str, ...]
+    doc: str
+    #: what the default means, where its value says too little
+    note: str
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        """Every environment name of the option, in the order they are read."""
+        return self.env + tuple(name for name, _ in self.env_parsed)
+
+    @property
+    def shown_default(self) -> str:
+        """The default as the configuration table shows it."""
+        shown = _show(self.default)
+        return f"{shown} ({self.note})" if self.note else shown
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f"`{value}`"
+    if isinstance(value, tuple) and not value:
+        return "empty"
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        unit, size = ("GiB", value >> 30) if value % (1 << 30) == 0 else ("MiB", value >> 20)
+        return f"{value} ({size} {unit})"
+    return repr(value)
+
+
+def _options() -> tuple[Option, ...]:
+    options = []
+    for field in dataclasses.fields(TraceConfig):
+        row = field.metadata.get(_ROW)
+        if isinstance(row, _Row):
+            options.append(Option(
+                name=field.name, type=str(field.type), default=field.default, parse=row.parse,
+                env=row.env, env_parsed=row.env_parsed,
+                verl=(VERL_TRACE_PREFIX + field.name, *row.verl), doc=row.doc, note=row.note))
+    return tuple(options)
+
+
+#: every option, in ``TraceConfig``'s order (``chosen`` is bookkeeping, not an option)
+OPTIONS: tuple[Option, ...] = _options()
+FIELD_NAMES = tuple(option.name for option in OPTIONS)
+_OPTION_BY_NAME = {option.name: option for option in OPTIONS}
+#: the local store's directory when neither an argument nor the environment names one
+DEFAULT_TRACE_DIR: str = _OPTION_BY_NAME["trace_dir"].default
+
+
+def trace_dir_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The local store's directory: ``$OTEL_VERL_TRACE_DIR`` when set and not empty, else
+    ``DEFAULT_TRACE_DIR`` (the one place both are read; the file exporter and the CLI use it)."""
+    value = _from_env(_OPTION_BY_NAME["trace_dir"], os.environ if environ is None else environ)
+    return DEFAULT_TRACE_DIR if value is _MISSING else str(value)
+
+
+def options_markdown() -> str:
+    """The configuration table for users (docs/configuration.md), one row per option.
+
+    A unit test fails when the page differs; it prints the table to paste.
+    """
+    rows = ["| option | type | default | environment | verl / Hydra key "
+            "(`actor_rollout_ref.rollout.trace.` + ...) | meaning |",
+            "|---|---|---|---|---|---|"]
+    for option in OPTIONS:
+        verl = ", then ".join(f"`{k[len(VERL_TRACE_PREFIX):]}`" if k.startswith(VERL_TRACE_PREFIX)
+                              else f"`{k}`" for k in option.verl)
+        env = ", ".join(f"`{name}`" for name in option.env_names) or "—"
+        kind = option.type.replace("|", "\\|")  # a pipe inside a cell, code span or not
+        rows.append(f"| `{option.name}` | `{kind}` | {option.shown_default} | {env} "
+                    f"| {verl} | {option.doc} |")
+    return "\n".join(rows) + "\n"
 
 
 def with_wandb_run_id(config: TraceConfig,
@@ -549,26 +600,6 @@ def has_worker_config(environ: Mapping[str, str] | None = None) -> bool:
     return _env.OTEL_VERL_CONFIG in (os.environ if environ is None else environ)
 
 
-def markdown_table() -> str:
-    """The README's configuration table, generated from ``_FIELDS`` (one source of truth).
-
-    A unit test fails when the README differs; it prints the table to paste.
-    """
-    defaults = {f.name: f.default for f in dataclasses.fields(TraceConfig)}
-    rows = ["| option | verl / Hydra key (`actor_rollout_ref.rollout.trace.` + ...) | environment "
-            "| default | meaning |", "|---|---|---|---|---|"]
-    for field in _FIELDS:
-        verl = ", then ".join(f"`{k[len(VERL_TRACE_PREFIX):]}`" if k.startswith(VERL_TRACE_PREFIX)
-                              else f"`{k}`" for k in field.verl) or "—"
-        env = [f"`{name}`" for name in field.env]
-        if field.name in _ENV_CONVERTERS:
-            env.append(f"`{_ENV_CONVERTERS[field.name][0]}`")
-        default = field.shown_default or f"`{defaults[field.name]}`"
-        rows.append(f"| `{field.name}` | {verl} | {', '.join(env) or '—'} | {default} "
-                    f"| {field.doc} |")
-    return "\n".join(rows) + "\n"
-
-
 # --- verl / Hydra configs ------------------------------------------------------------------------
 
 
@@ -607,7 +638,7 @@ def flatten_verl_config(verl_config: Mapping[str, Any] | Iterable[str] | None) -
         raise ConfigError("verl_config: expected a mapping or a list of key=value overrides, "
                           f"got {verl_config!r}")
     if _is_mapping(verl_config):
-        wanted = {key for field in _FIELDS for key in field.verl}
+        wanted = {key for field in OPTIONS for key in field.verl}
         for key in wanted:
             found, value = _lookup(verl_config, key)
             if found:
@@ -668,7 +699,7 @@ def resolve_config(
     base, base_chosen = worker if worker is not None else ({}, frozenset())
     values: dict[str, Any] = {}
     chosen: set[str] = set()
-    for field in _FIELDS:
+    for field in OPTIONS:
         if field.name in explicit:
             values[field.name] = _parse_or_raise(field, explicit[field.name], field.name)
             chosen.add(field.name)
@@ -703,7 +734,7 @@ _MISSING = object()
 _OURS_PREFIX = "OTEL_VERL_"
 
 
-def _turns_tracing_off(field: _Field, value: Any, base: Mapping[str, Any],
+def _turns_tracing_off(field: Option, value: Any, base: Mapping[str, Any],
                        worker: object | None) -> bool:
     """True when a standard variable's ``value`` for ``backend`` would turn tracing off, where it
     is then ignored (worker of a tracing driver) or honoured with a warning (anywhere else): a
@@ -721,20 +752,18 @@ def _turns_tracing_off(field: _Field, value: Any, base: Mapping[str, Any],
     return False
 
 
-def _parse_or_raise(field: _Field, value: Any, key: str) -> Any:
+def _parse_or_raise(field: Option, value: Any, key: str) -> Any:
     try:
         return field.parse(value)
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc}") from None
 
 
-def _from_env(field: _Field, environ: Mapping[str, str], *, ours: bool = True,
+def _from_env(field: Option, environ: Mapping[str, str], *, ours: bool = True,
               generic: bool = True) -> Any:
     """The field's value from the environment (first name that parses wins), else ``_MISSING``;
     ``ours``/``generic`` select the ``OTEL_VERL_*`` names and the others (standard ones)."""
-    sources = [(name, field.parse) for name in field.env]
-    if field.name in _ENV_CONVERTERS:
-        sources.append(_ENV_CONVERTERS[field.name])
+    sources = [(name, field.parse) for name in field.env] + list(field.env_parsed)
     for name, parse in sources:
         if not (ours if name.startswith(_OURS_PREFIX) else generic):
             continue
@@ -763,7 +792,7 @@ def _from_worker_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], frozen
         if not isinstance(data, dict):
             raise ConfigError(f"expected a JSON object, got {type(data).__name__}")
         base = {}
-        for field in _FIELDS:
+        for field in OPTIONS:
             if field.name in data:
                 value = data[field.name]
                 base[field.name] = value if value is None else field.parse(value)

@@ -147,21 +147,6 @@ def test_delays_must_be_finite_and_positive(bad):
     assert resolve_config({}, None, {"OTEL_BSP_SCHEDULE_DELAY": bad}).schedule_delay_s == 1.0
 
 
-def test_readme_configuration_table_is_generated_from_the_field_table():
-    """One source of truth: the README's table is ``markdown_table()`` verbatim."""
-    from pathlib import Path
-
-    from otel_verl._config import markdown_table
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    start = readme.index("<!-- config-table:")
-    start = readme.index("\n", start) + 1
-    end = readme.index("<!-- /config-table -->")
-    expected = markdown_table()
-    assert readme[start:end] == expected, (
-        "README.md's configuration table is out of date; replace it with:\n" + expected)
-
-
 @pytest.mark.parametrize("environ, backend", [
     ({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp"),
     ({"OTEL_TRACES_EXPORTER": "console,otlp"}, "console"),
