@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_verl import _env
+from otel_verl import _config, _env
 from otel_verl._errors import RateLimitedWarning
 from otel_verl._fork import LiveInstances
 from otel_verl._otlp_json import encode_line, encode_request
@@ -58,7 +58,7 @@ _logger = logging.getLogger(__name__)
 #: environment variable naming the local store's directory
 ENV_TRACE_DIR = _env.OTEL_VERL_TRACE_DIR
 #: the local store's directory when neither an argument nor the environment names one
-DEFAULT_TRACE_DIR = "otel_verl_traces"
+DEFAULT_TRACE_DIR = _config.DEFAULT_TRACE_DIR
 #: file name prefix and suffix of the files this exporter writes
 FILE_PREFIX = "otel_verl-"
 FILE_SUFFIX = ".jsonl"
@@ -75,7 +75,7 @@ def resolve_trace_dir(directory: str | os.PathLike[str] | None = None) -> str:
         ``./otel_verl_traces``, made absolute against the current working directory.
     """
     if directory is None:
-        directory = os.environ.get(ENV_TRACE_DIR) or DEFAULT_TRACE_DIR
+        directory = _config.trace_dir_from_env()  # the one place default and variable are read
     return os.path.abspath(os.fspath(directory))
 
 

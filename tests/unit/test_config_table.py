@@ -5,6 +5,7 @@ from them and cannot drift."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -89,6 +90,14 @@ def test_standard_variables_read_with_their_own_parser_are_on_their_row():
     ({"OTEL_VERL_TRACE_DIR": ""}, "./otel_verl_traces"),
     ({"OTEL_VERL_TRACE_DIR": "/data/t"}, "/data/t"),
 ])
-def test_the_trace_dir_is_read_in_one_place(environ, expected):
+def test_the_trace_dir_is_read_in_one_place(environ, expected, monkeypatch):
+    """The config, the file exporter and the CLI (``resolve_trace_dir``) agree."""
+    from otel_verl.exporters import _file_exporter
+
     assert _config.trace_dir_from_env(environ) == expected
     assert resolve_config({}, None, environ).trace_dir == expected
+    monkeypatch.delenv("OTEL_VERL_TRACE_DIR", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert _file_exporter.resolve_trace_dir() == os.path.abspath(expected)
+    assert _file_exporter.DEFAULT_TRACE_DIR == _config.DEFAULT_TRACE_DIR
