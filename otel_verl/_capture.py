@@ -21,9 +21,9 @@ from typing import Any
 
 from opentelemetry.trace import Span, Status, StatusCode
 
-from otel_verl import _errors, semconv
+from otel_verl import _content, _errors, semconv
 from otel_verl._payload import TRUNCATION_MARK, redact_text, to_payload
-from otel_verl._state import STATE, Runtime
+from otel_verl._state import STATE, TRAJECTORY, Runtime
 
 #: "argument not given" (``None`` is a value worth recording)
 UNSET: Any = object()
@@ -58,7 +58,10 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
         return
     try:
         existing = getattr(span, "attributes", None) or {}  # input and output arrive separately
-        span.set_attributes(payload_attrs(runtime, input, output, existing))
+        attrs = payload_attrs(runtime, input, output, existing)
+        if output is not UNSET and semconv.CONTENT_ID in existing:
+            attrs.update(content_outputs(span, output))
+        span.set_attributes(attrs)
     except Exception as exc:
         _errors.internal_error(exc, "set_payload")
 
@@ -69,6 +72,11 @@ def payload_attrs(runtime: Runtime, input: Any, output: Any,
     config = runtime.config
     budget = config.max_span_bytes - len(existing.get(semconv.INPUT_VALUE, ""))
     attrs: dict[str, Any] = {}
+    if type(input) is dict:  # an op's bound inputs: a prompt is recorded as what it adds
+        coded = content_inputs(runtime, input)
+        if coded is not None:
+            input, content_attrs = coded
+            attrs.update(content_attrs)
     truncated: list[str] = []
     redacted = 0
     errors: list[str] = []
@@ -96,6 +104,118 @@ def payload_attrs(runtime: Runtime, input: Any, output: Any,
             errors.insert(0, str(previous))
         attrs[semconv.OTEL_VERL_PAYLOAD_ERROR] = "; ".join(errors)[:1000]
     return attrs
+
+
+# per-turn content: a prompt recorded as what it adds to the trajectory's previous call -------
+
+#: input keys that carry a whole prompt, and their content kind
+CONTENT_FIELDS = (("prompt_ids", _content.KIND_TOKENS), ("messages", _content.KIND_MESSAGES))
+#: output keys that carry a call's response tokens
+RESPONSE_FIELDS = ("token_ids", "response_ids")
+
+
+class ContentOptions:
+    """The content options of a configuration (read once per call from the frozen config)."""
+
+    __slots__ = ("dedup", "inline_bytes", "store_bytes")
+
+    def __init__(self, config: Any) -> None:
+        self.dedup = bool(getattr(config, "content_dedup", True))
+        self.inline_bytes = int(getattr(config, "content_inline_bytes", 4096))
+        self.store_bytes = int(getattr(config, "content_store_bytes", 1 << 30))
+
+
+def content_store(runtime: Runtime) -> _content.ContentStore:
+    config = runtime.config
+    return _content.store_for(config.trace_dir, ContentOptions(config).store_bytes,
+                              config.redact)
+
+
+def content_inputs(runtime: Runtime, inputs: dict[str, Any]
+                   ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``inputs`` with its prompt field replaced by what this call appends to the trajectory's
+    previous call, plus the reference attributes (``otel_verl.content.*``); None when nothing
+    is delta-coded (no prompt field, ``content_dedup`` off, content that cannot be encoded).
+
+    Work on the calling thread: one C-level prefix comparison, then O(what the call appended)
+    (slice, encode, hash); the store write happens on the store's thread.
+    """
+    options = ContentOptions(runtime.config)
+    if not options.dedup:
+        return None
+    found = next(((name, what, inputs[name]) for name, what in CONTENT_FIELDS
+                  if (type(inputs.get(name)) in (list, tuple)) and inputs[name]), None)
+    if found is None:
+        return None
+    field, kind, value = found
+    traj = TRAJECTORY.get()
+    holder: dict[str, Any] = traj.content if traj is not None else {}
+    chain = _content.chains_of(holder, field, kind)
+    step = chain.begin(value)
+    if step is None:
+        return None
+    stored = content_store(runtime).put(kind, step)
+    inline = len(step.delta_bytes) <= options.inline_bytes
+    attrs: dict[str, Any] = {
+        semconv.CONTENT_ID: step.id, semconv.CONTENT_LEN: step.length,
+        semconv.CONTENT_KIND: kind, semconv.CONTENT_FIELD: field,
+        semconv.CONTENT_DELTA_LEN: len(step.delta), semconv.CONTENT_INLINE: inline,
+        semconv.CONTENT_STORED: stored,
+    }
+    if step.base_id is not None:
+        attrs[semconv.CONTENT_BASE_ID] = step.base_id
+        attrs[semconv.CONTENT_BASE_LEN] = step.base_len
+        if step.base_span_id is not None:
+            attrs[semconv.CONTENT_BASE_SPAN_ID] = step.base_span_id
+    elif traj is not None and traj.span is not None and not holder.get("_prompt_id_set"):
+        holder["_prompt_id_set"] = True  # the trajectory's prompt, once, on its root
+        try:
+            traj.span.set_attribute(semconv.CONTENT_PROMPT_ID, step.id)
+        except Exception as exc:  # noqa: BLE001
+            _errors.internal_error(exc, "content prompt id")
+    shown = dict(inputs)
+    shown[field] = step.delta if inline else _preview(kind, step, options.inline_bytes)
+    return shown, attrs
+
+
+def _preview(kind: str, step: _content.Step, limit: int) -> Any:
+    """A head of a delta that is stored out of line: about ``limit`` bytes of it."""
+    if kind == _content.KIND_TOKENS:
+        return step.delta[: step.delta_bytes.count(b",", 0, limit)]
+    return to_payload(step.delta, max_bytes=max(256, limit), redact=False).json
+
+
+def content_outputs(span: Span, output: Any) -> dict[str, Any]:
+    """At the end of a call whose prompt was delta-coded: its response extends the chain (the
+    next call's base) and is stored as a node; the ``otel_verl.content.output_*`` attributes."""
+    attrs_now = getattr(span, "attributes", None) or {}
+    content_id = attrs_now.get(semconv.CONTENT_ID)
+    if content_id is None:
+        return {}
+    field = attrs_now.get(semconv.CONTENT_FIELD)
+    traj = TRAJECTORY.get()
+    chain = traj.content.get(field) if traj is not None and type(field) is str else None
+    if chain is None:
+        return {}
+    response = None
+    if attrs_now.get(semconv.CONTENT_KIND) == _content.KIND_TOKENS:
+        fields = as_dict(output)
+        for key in RESPONSE_FIELDS:
+            value = fields.get(key)
+            if type(value) is list or type(value) is tuple:
+                response = value
+                break
+    span_id = format(span.get_span_context().span_id, "016x")
+    node = chain.finish(content_id, int(attrs_now.get(semconv.CONTENT_LEN, -1)), response,
+                        span_id)
+    if node is None:
+        return {}
+    runtime = STATE.runtime
+    if runtime is None:
+        return {}
+    stored = content_store(runtime).put(str(attrs_now.get(semconv.CONTENT_KIND)), node)
+    return {semconv.CONTENT_OUTPUT_ID: node.id, semconv.CONTENT_OUTPUT_LEN: node.length,
+            semconv.CONTENT_OUTPUT_STORED: stored}
 
 
 def record_failure(span: Span, exc: BaseException) -> None:
@@ -162,15 +282,27 @@ _TEXT_FIELDS = (("prompt_ids", "prompt_text"), ("response_ids", "response_text")
                 ("token_ids", "response_text"))
 
 
-def token_texts(owner: Any, kwargs: dict[str, Any], output: Any) -> dict[str, str] | None:
-    """``prompt_text``/``response_text`` decoded with ``owner.tokenizer`` (None without one)."""
+def token_texts(owner: Any, kwargs: dict[str, Any], output: Any,
+                span: Any = None) -> dict[str, str] | None:
+    """``prompt_text``/``response_text`` decoded with ``owner.tokenizer`` (None without one).
+
+    A call whose prompt was delta-coded (``otel_verl.content.base_len`` on ``span``) decodes
+    only what it appended, as ``prompt_delta_text``: never the whole context again.
+    """
     decode = getattr(getattr(owner, "tokenizer", None), "decode", None)
     if decode is None:
         return None
     texts: dict[str, str] = {}
     source = as_dict(output)
     if "prompt_ids" not in source and "prompt_ids" in kwargs:  # per-turn generate(prompt_ids=...)
-        source = dict(source, prompt_ids=kwargs["prompt_ids"])
+        attrs = getattr(span, "attributes", None) or {}
+        base_len = attrs.get(semconv.CONTENT_BASE_LEN)
+        prompt = kwargs["prompt_ids"]
+        if (type(base_len) is int and attrs.get(semconv.CONTENT_FIELD) == "prompt_ids"
+                and type(prompt) in (list, tuple)):
+            texts["prompt_delta_text"] = _decode(decode, list(prompt[base_len:]))
+        else:
+            source = dict(source, prompt_ids=prompt)
     for ids_key, text_key in _TEXT_FIELDS:
         ids = source.get(ids_key)
         if ids is not None and text_key not in texts:

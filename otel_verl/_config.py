@@ -347,6 +347,20 @@ class TraceConfig:
         True, _parse_bool, env=(_env.OTEL_VERL_CAPTURE_PAYLOADS,),
         doc="`false` = metadata-only tracing: spans, attributes, usage and errors, no "
             "`input.value`/`output.value`/tool content")
+    content_dedup: bool = _option(
+        True, _parse_bool,
+        doc="per-turn content (docs/content.md): an LLM call records only what its prompt "
+            "appends to the trajectory's previous call, by reference; each unique content is "
+            "stored once in `<trace_dir>/content/`; `false` = each call records its whole prompt "
+            "(capped)")
+    content_inline_bytes: int = _option(
+        4096, _int_at_least(0),
+        doc="a prompt delta up to this many bytes is shown whole in `input.value`; a larger one "
+            "is shown by its head (the content store has all of it)")
+    content_store_bytes: int = _option(
+        1024 * 1024 * 1024, _int_at_least(0), note="1 GiB",
+        doc="bytes the content store may take per process and run; content beyond it is not "
+            "stored, counted (`content_dropped`) and said (`otel_verl.content.stored=missing`)")
     processor: str = _option(
         "batch", _choice(PROCESSORS), env=(_env.OTEL_VERL_PROCESSOR,),
         doc="`batch`, or `simple` (synchronous export: tests only)")

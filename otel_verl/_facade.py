@@ -19,7 +19,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from otel_verl import _env
+from otel_verl import _content, _env
 from otel_verl._config import TraceConfig, has_worker_config, resolve_config, with_wandb_run_id
 from otel_verl._sampling import TrajectorySampler
 from otel_verl._state import STATE, _half_millis
@@ -178,7 +178,8 @@ class RolloutTraceConfig:
         if runtime is None:
             return True
         # a float (inf included) works: the SDK only adds and compares it
-        return runtime.provider.force_flush(_half_millis(timeout_s) * 2)  # type: ignore[arg-type]
+        done = runtime.provider.force_flush(_half_millis(timeout_s) * 2)  # type: ignore[arg-type]
+        return _content.flush_all(min(float(timeout_s), 60.0)) and done
 
     @classmethod
     def shutdown(cls, timeout_s: float = 5.0) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span
 
-from otel_verl import _errors, exporters
+from otel_verl import _content, _errors, exporters
 from otel_verl._config import TraceConfig
 from otel_verl._payload import Payload, to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
@@ -46,6 +46,8 @@ class Trajectory:
     enabled: bool
     #: recorded only until the tail decision (``trace=False`` with ``tail_keep`` set)
     provisional: bool = False
+    #: per-turn content chains by input field (``otel_verl._content``; mutable, per trajectory)
+    content: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 TRAJECTORY: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(
@@ -103,6 +105,7 @@ class Runtime:
             stats = getattr(part, "stats", None)
             if callable(stats):
                 counts.update(stats())
+        counts.update(_content.stats_all())  # the content store (docs/content.md)
         return counts
 
     def shutdown(self, timeout_s: float) -> bool:
@@ -114,6 +117,7 @@ class Runtime:
         except Exception as exc:
             _errors.internal_error(exc, "shutdown")
             done = False
+        _content.close_all(half_ms / 1000.0 if half_ms != float("inf") else 30.0)
         self.report_losses()
         return done
 

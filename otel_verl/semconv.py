@@ -56,6 +56,33 @@ OTEL_VERL_REDACTED: Final = "otel_verl.redacted"
 #: payload serialisation problems (e.g. an object whose repr raised), as text
 OTEL_VERL_PAYLOAD_ERROR: Final = "otel_verl.payload_error"
 
+# --- per-turn content: what an LLM call adds, by reference (docs/content.md, otel_verl._content) -
+#: the content id of the call's whole input field (its prompt): ``tok:blake2b-128:<hex>``
+CONTENT_ID: Final = "otel_verl.content.id"
+#: length of the whole prompt (tokens, or messages)
+CONTENT_LEN: Final = "otel_verl.content.len"
+#: ``tokens`` or ``messages``
+CONTENT_KIND: Final = "otel_verl.content.kind"
+#: the input key delta-coded in ``input.value`` (``prompt_ids``, ``messages``): it holds only
+#: what this call appended to its base (a head of it when ``otel_verl.content.inline`` is false)
+CONTENT_FIELD: Final = "otel_verl.content.field"
+#: how many items this call appended (the delta's length)
+CONTENT_DELTA_LEN: Final = "otel_verl.content.delta_len"
+#: True when ``input.value`` holds the whole delta; false: a head (the rest is in the store)
+CONTENT_INLINE: Final = "otel_verl.content.inline"
+#: ``stored`` (the node is in the content store) or ``missing`` (the store was over budget)
+CONTENT_STORED: Final = "otel_verl.content.stored"
+#: what the prompt extends: the previous call's prompt + response (id, length, span id)
+CONTENT_BASE_ID: Final = "otel_verl.content.base_id"
+CONTENT_BASE_LEN: Final = "otel_verl.content.base_len"
+CONTENT_BASE_SPAN_ID: Final = "otel_verl.content.base_span_id"
+#: the prompt + this call's response (the next call's base): id, length, store state
+CONTENT_OUTPUT_ID: Final = "otel_verl.content.output_id"
+CONTENT_OUTPUT_LEN: Final = "otel_verl.content.output_len"
+CONTENT_OUTPUT_STORED: Final = "otel_verl.content.output_stored"
+#: on the trajectory span: the content id of its first LLM call's prompt
+CONTENT_PROMPT_ID: Final = "otel_verl.content.prompt_id"
+
 # --- OpenInference -----------------------------------------------------------------------------
 OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
 INPUT_VALUE: Final = "input.value"

@@ -1,0 +1,495 @@
+"""Content ids, per-trajectory delta chains and the content store (the write side).
+
+Each LLM call records only what it adds to the trajectory's previous call (its prompt plus its
+response), and every unique piece of content is stored once per process and run, in a content
+store beside the trace. The format is described in ``docs/content.md``; this module is the one
+place it is defined (the reader is ``otel_verl.store._content``).
+
+Content ids (computable by anyone who has the content, e.g. a trainer-side parity check)::
+
+    token_content_id([1, 2, 3])      # "tok:blake2b-128:<32 hex>" over b"1,2,3,"
+    message_content_id([{...}, ...])  # "msg:blake2b-128:<32 hex>" over one JSON line per message
+
+The bytes hashed are *concatenative*: the bytes of a list are the bytes of its items one after
+the other (a token is its decimal text and a comma; a message is its compact, key-sorted JSON and
+a newline), so the id of a prompt that extends another is computed from the other's hash state
+plus the appended items, in O(what was appended).
+
+Content store: ``<trace_dir>/content/<pid>-<start>.nodes``, one node per line (JSON)::
+
+    {"id": ID, "kind": "tokens"|"messages", "len": N, "base": ID|null, "base_len": n,
+     "delta": [...]}
+
+meaning ``content(id) = content(base)[:base_len] + delta`` (``base`` null: ``delta`` is all of
+it). Nodes are written by one background thread per process (messages scrubbed there, once per
+unique node, when redaction is on), bounded by ``content_store_bytes`` per process: a node over
+the budget is not written, counted (``content_dropped``) and said once in the log, and the span
+that refers to it says ``otel_verl.content.stored = "missing"``.
+
+Usage (what ``otel_verl._capture`` does per LLM call)::
+
+    chain = chains_of(trajectory.content, "prompt_ids", KIND_TOKENS)  # per trajectory, field
+    step = chain.begin(prompt_ids)              # prefix check + delta + id, O(delta)
+    store.put(KIND_TOKENS, step)                # once per unique id, off the loop
+    ...span attributes from step...
+    chain.finish(step.id, step.length, response_ids, span_id)  # the base of the next call
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from otel_verl import _fork
+
+_orjson: Any = None
+try:  # the fast encoder (a core dependency)
+    import orjson
+
+    _orjson = orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
+__all__ = [
+    "KIND_MESSAGES",
+    "KIND_TOKENS",
+    "ContentStore",
+    "DeltaChain",
+    "Step",
+    "message_bytes",
+    "message_content_id",
+    "store_for",
+    "token_bytes",
+    "token_content_id",
+]
+
+_log = logging.getLogger("otel_verl")
+
+FORMAT_VERSION = 1
+KIND_TOKENS = "tokens"
+KIND_MESSAGES = "messages"
+#: id prefixes by kind; the hash name follows, then the hex digest
+_PREFIX = {KIND_TOKENS: "tok:blake2b-128:", KIND_MESSAGES: "msg:blake2b-128:"}
+#: the content store's folder under the trace dir
+CONTENT_DIR = "content"
+#: the suffix of a content store file (not a span file: the span readers skip it)
+NODES_SUFFIX = ".nodes"
+_DIGEST_SIZE = 16
+_INT_LIST_CHARS = b"0123456789,-"
+
+
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=_DIGEST_SIZE)
+
+
+# --- canonical bytes and ids -------------------------------------------------------------------
+
+
+def token_bytes(ids: Sequence[int]) -> bytes | None:
+    """The hashed bytes of a token list: each id's decimal text followed by a comma (``b"1,2,"``).
+
+    None when the list holds anything but plain ints within 64 bits (then it is not
+    delta-coded). C speed (orjson) for lists and tuples.
+    """
+    if not ids:
+        return b""
+    if _orjson is not None:
+        try:
+            data = _orjson.dumps(ids if type(ids) is list else list(ids))
+        except Exception:  # a big int, a numpy scalar, anything else
+            return None
+        body = data[1:-1]
+        if body.translate(None, _INT_LIST_CHARS):  # a float, a bool, a string, a container
+            return None
+        return body + b","
+    if any(type(i) is not int for i in ids):  # pragma: no cover - without orjson
+        return None
+    return "".join(f"{i}," for i in ids).encode("ascii")  # pragma: no cover
+
+
+def _dumps_sorted(value: Any) -> bytes:
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(value, option=_orjson.OPT_SORT_KEYS | _orjson.OPT_NON_STR_KEYS)
+        except Exception:
+            pass
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str).encode("utf-8", "surrogatepass")
+
+
+def message_bytes(messages: Sequence[Any]) -> bytes | None:
+    """The hashed bytes of a message list: each message's compact JSON, keys sorted, then
+    ``b"\\n"``. None when a message cannot be encoded."""
+    try:
+        return b"".join(_dumps_sorted(m) + b"\n" for m in messages)
+    except Exception:
+        return None
+
+
+def _content_id(kind: str, hasher: Any) -> str:
+    return _PREFIX[kind] + hasher.hexdigest()
+
+
+def token_content_id(ids: Sequence[int]) -> str | None:
+    """The content id of a whole token list (what a trainer computes to match a span's)."""
+    data = token_bytes(ids)
+    if data is None:
+        return None
+    hasher = _hasher()
+    hasher.update(data)
+    return _content_id(KIND_TOKENS, hasher)
+
+
+def message_content_id(messages: Sequence[Any]) -> str | None:
+    """The content id of a whole message list."""
+    data = message_bytes(messages)
+    if data is None:
+        return None
+    hasher = _hasher()
+    hasher.update(data)
+    return _content_id(KIND_MESSAGES, hasher)
+
+
+def kind_of(content_id: str) -> str | None:
+    """``tokens`` / ``messages`` from an id's prefix (None for anything else)."""
+    for kind, prefix in _PREFIX.items():
+        if content_id.startswith(prefix):
+            return kind
+    return None
+
+
+# --- per-trajectory delta chains ---------------------------------------------------------------
+
+
+class Step:
+    """One call's prompt as the chain sees it: its id and length, what it extends, the delta."""
+
+    __slots__ = ("base_id", "base_len", "base_span_id", "delta", "delta_bytes", "hasher", "id",
+                 "length")
+
+    def __init__(self, content_id: str, length: int, hasher: Any, delta: list[Any],
+                 delta_bytes: bytes, base_id: str | None, base_len: int,
+                 base_span_id: str | None) -> None:
+        self.id = content_id
+        self.length = length
+        self.hasher = hasher
+        self.delta = delta
+        self.delta_bytes = delta_bytes
+        self.base_id = base_id
+        self.base_len = base_len
+        self.base_span_id = base_span_id
+
+
+class DeltaChain:
+    """The previous call of one trajectory (one input field): what the next call may extend.
+
+    Holds its own copy of the previous prompt + response (extended in place, O(what was added)),
+    the hash states at the end of the prompt and at the end of the response, and the previous
+    call's span id. Not thread-safe by itself: the calls of one trajectory run on one event loop.
+    """
+
+    __slots__ = ("_items", "_kind", "_prompt_hasher", "_prompt_id", "_prompt_len", "_full_hasher",
+                 "_full_id", "_full_len", "_span_id")
+
+    def __init__(self, kind: str) -> None:
+        self._kind = kind
+        self._items: list[Any] = []
+        self._prompt_len = self._full_len = 0
+        self._prompt_id: str | None = None
+        self._full_id: str | None = None
+        self._prompt_hasher: Any = None
+        self._full_hasher: Any = None
+        self._span_id: str | None = None
+
+    def _encode(self, items: Sequence[Any]) -> bytes | None:
+        return token_bytes(items) if self._kind == KIND_TOKENS else message_bytes(items)
+
+    def begin(self, items: Sequence[Any]) -> Step | None:
+        """The step for a call whose input field is ``items``; None when it cannot be encoded.
+
+        The prefix check compares the previous prompt + response (else the previous prompt
+        alone) with the head of ``items``: one C-level list comparison (``new[:n] == prev``, a
+        pointer walk when the items are the same objects, as when a prompt is built by
+        concatenation). A prompt that does not extend either is recorded whole.
+        """
+        new = items if type(items) is list else list(items)
+        base_id: str | None = None
+        base_len = 0
+        hasher: Any = None
+        full = self._full_len
+        if self._full_id is not None and len(new) >= full and new[:full] == self._items:
+            base_id, base_len, hasher = self._full_id, full, self._full_hasher.copy()
+        elif (self._prompt_id is not None and self._prompt_len != full
+              and len(new) >= self._prompt_len
+              and new[:self._prompt_len] == self._items[:self._prompt_len]):
+            base_id, base_len = self._prompt_id, self._prompt_len
+            hasher = self._prompt_hasher.copy()
+        delta = new[base_len:] if base_len else new
+        data = self._encode(delta)
+        if data is None:
+            return None
+        if hasher is None:
+            hasher = _hasher()
+        hasher.update(data)
+        step = Step(_content_id(self._kind, hasher), len(new), hasher, delta, data, base_id,
+                    base_len, self._span_id if base_id is not None else None)
+        # the chain moves to this prompt now (a failed call is still the next call's base)
+        if base_id is not None:
+            del self._items[base_len:]
+            self._items.extend(delta)
+        else:
+            self._items = list(new)
+        self._prompt_len = self._full_len = step.length
+        self._prompt_id = self._full_id = step.id
+        self._prompt_hasher = hasher.copy()
+        self._full_hasher = hasher
+        self._span_id = None
+        return step
+
+    def finish(self, content_id: str, length: int, response: Sequence[Any] | None,
+               span_id: str | None) -> Step | None:
+        """After the call whose prompt was ``content_id`` (``length`` items): its response
+        extends the prompt (the next call's base), its span is the turn the next call continues.
+
+        Returns the response's node (base = the prompt), or None when there is no response,
+        it cannot be encoded, or another call of the trajectory began meanwhile.
+        """
+        if self._prompt_id != content_id or self._full_len != length:
+            return None  # another call moved the chain on
+        self._span_id = span_id
+        if not response:
+            return None
+        items = response if type(response) is list else list(response)
+        data = self._encode(items)
+        if data is None:
+            return None
+        hasher = self._full_hasher.copy()
+        hasher.update(data)
+        node = Step(_content_id(self._kind, hasher), length + len(items), hasher, items, data,
+                    content_id, length, span_id)
+        self._items.extend(items)
+        self._full_len = node.length
+        self._full_id = node.id
+        self._full_hasher = hasher
+        return node
+
+
+def chains_of(holder: dict[str, Any], field: str, kind: str) -> DeltaChain:
+    """The trajectory's chain for one input field (``holder`` is the trajectory's dict)."""
+    chain = holder.get(field)
+    if chain is None:
+        chain = holder[field] = DeltaChain(kind)
+    return chain
+
+
+# --- the content store (write side) ------------------------------------------------------------
+
+
+def node_line(kind: str, step: Step, scrubbed_delta: Any = None) -> bytes:
+    """One store line for a node (the format of the module docstring)."""
+    head = {"id": step.id, "kind": kind, "len": step.length, "base": step.base_id,
+            "base_len": step.base_len}
+    text = _dumps_sorted(head)[:-1]
+    if kind == KIND_TOKENS:
+        body = b"[" + step.delta_bytes[:-1] + b"]"
+    else:
+        delta = step.delta if scrubbed_delta is None else scrubbed_delta
+        body = _dumps_sorted(delta)
+    return text + b',"delta":' + body + b"}\n"
+
+
+class ContentStore:
+    """The content store of one process and run: nodes deduplicated by id, written by one
+    background thread, bounded by ``max_bytes`` (over it: counted, said once, never silent)."""
+
+    def __init__(self, directory: str, max_bytes: int, redact: bool) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.redact = redact
+        self._seen: set[str] = set()
+        self._reserved = 0
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._file: Any = None
+        self._pid = os.getpid()
+        self.path = os.path.join(directory, f"{self._pid}-{time.time_ns()}{NODES_SUFFIX}")
+        self.counts = {"content_nodes": 0, "content_bytes": 0, "content_dedup_hits": 0,
+                       "content_dropped": 0, "content_dropped_bytes": 0, "content_errors": 0,
+                       "content_redacted": 0}
+        self._warned = False
+
+    def put(self, kind: str, step: Step) -> str:
+        """Store a node once: ``"stored"`` (now or before), or ``"missing"`` (over budget)."""
+        size = len(step.delta_bytes) + 160
+        with self._lock:
+            if step.id in self._seen:
+                self.counts["content_dedup_hits"] += 1
+                return "stored"
+            if self._reserved + size > self.max_bytes:
+                self.counts["content_dropped"] += 1
+                self.counts["content_dropped_bytes"] += size
+                warn, self._warned = not self._warned, True
+            else:
+                warn = False
+                self._seen.add(step.id)
+                self._reserved += size
+                self._pending += 1
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="otel_verl-content",
+                                                    daemon=True)
+                    self._thread.start()
+                self._queue.put((kind, step))
+                return "stored"
+        if warn:
+            _log.warning("otel_verl: the content store is full (content_store_bytes=%d): content "
+                         "beyond it is not stored (counted as content_dropped); spans say "
+                         "otel_verl.content.stored=missing", self.max_bytes)
+        return "missing"
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            kind, step = item
+            try:
+                self._write(kind, step)
+            except Exception as exc:  # noqa: BLE001 - disk full, a bad item: counted, said
+                with self._lock:
+                    self.counts["content_errors"] += 1
+                _log.warning("otel_verl: content store write failed: %r", exc)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.notify_all()
+
+    def _write(self, kind: str, step: Step) -> None:
+        scrubbed = None
+        if kind == KIND_MESSAGES and self.redact:
+            scrubbed, hits = _scrub_value(step.delta)
+            if hits:
+                with self._lock:
+                    self.counts["content_redacted"] += hits
+        line = node_line(kind, step, scrubbed)
+        if self._file is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self._file = open(self.path, "ab")  # noqa: SIM115 - held open, closed in close()
+        self._file.write(line)
+        with self._lock:
+            self.counts["content_nodes"] += 1
+            self.counts["content_bytes"] += len(line)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every node put so far is written and flushed to the OS."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+            self._thread = None
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+def _scrub_value(value: Any) -> tuple[Any, int]:
+    """Every string inside ``value`` through the span scrubber (one pass per string)."""
+    from otel_verl.exporters._scrub import scrub
+
+    hits = 0
+
+    def walk(item: Any) -> Any:
+        nonlocal hits
+        if type(item) is str:
+            text, found = scrub(item)
+            hits += found
+            return text
+        if isinstance(item, Mapping):
+            return {k: walk(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(value), hits
+
+
+_STORES: dict[tuple[str, int, bool], ContentStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store_for(trace_dir: str, max_bytes: int, redact: bool) -> ContentStore:
+    """The process's content store for a trace dir (one per process and run)."""
+    key = (os.path.abspath(trace_dir), max_bytes, redact)
+    store = _STORES.get(key)
+    if store is not None:
+        return store
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = ContentStore(os.path.join(key[0], CONTENT_DIR), max_bytes,
+                                                redact)
+        return store
+
+
+def flush_all(timeout_s: float = 10.0) -> bool:
+    """Flush every content store of this process (``RolloutTraceConfig.flush`` calls it)."""
+    return all([store.flush(timeout_s) for store in list(_STORES.values())])
+
+
+def close_all(timeout_s: float = 5.0) -> None:
+    """Write out and close every content store; the next put opens a new file (a new run)."""
+    with _STORES_LOCK:
+        stores = list(_STORES.values())
+        _STORES.clear()
+    for store in stores:
+        store.close(timeout_s)
+
+
+def stats_all() -> dict[str, int]:
+    """The counters of every content store of this process, summed."""
+    total: dict[str, int] = {}
+    for store in list(_STORES.values()):
+        for key, value in store.stats().items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def _after_fork_in_child() -> None:
+    _STORES.clear()  # the parent's threads and files are not the child's
+
+
+_fork.register_after_in_child(_after_fork_in_child, "content store")
+atexit.register(close_all)
