@@ -1,0 +1,430 @@
+"""Compaction: the store's OTLP/JSON lines into Parquet segments, crash-safe and incremental.
+
+Layout, beside the store (``<trace_dir>/.otel_verl_lake/``)::
+
+    manifest.v1                      which bytes of which store file are in which segments
+    spans/experiment=<e>/step=<n>/part-<run>-<chunk>.parquet     one row per span (_schema)
+    payload/experiment=<e>/step=<n>/part-<run>-<chunk>.parquet   the spans' payload content
+    tmp/                             segments being written (removed by the next compaction)
+    lock                             one compaction at a time (flock)
+
+A store file is compacted up to its last complete line; the manifest records, per file, the
+byte offset reached (``end``), a fingerprint of its first 4 KiB and a generation. Readers read
+the segments the manifest names, and each store file's raw lines from its ``end`` on, so a span
+is read from exactly one place. A file that shrank or whose head changed (replaced) gets a new
+generation: its old rows are excluded (``source`` names the generation) and it is read again
+from byte 0.
+
+Crash safety: segments are written under ``tmp/``, synced and renamed into place; then the
+manifest is rewritten (write, fsync, rename). A compaction killed at any point leaves either the
+old manifest (the renamed segments are orphans, invisible to readers, deleted by the next run)
+or the new one. The manifest is committed after every chunk, so the next run resumes where the
+killed one stopped.
+
+When: ``compact`` takes closed files whole (their writer process is gone: the file name holds
+the pid and the host, see :mod:`otel_verl.exporters._file_exporter`; a foreign host's file once
+it has not changed for ``idle_s``) and a live file only when its not-compacted part exceeds
+``live_bytes``, so a live run's newest lines stay in the raw files, read directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import socket
+import sys
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from otel_verl._otlp_json import iter_spans
+from otel_verl.store import list_files
+from otel_verl.store._record import SpanRecord
+from otel_verl.store._schema import Columns
+
+__all__ = ["SKIP_DIRS", "CompactStats", "Manifest", "compact", "decode_range", "lake_dir"]
+
+LAKE_DIR = ".otel_verl_lake"
+MANIFEST = "manifest.v1"
+#: directories under the store that hold no span lines: the lake itself, the content store
+SKIP_DIRS = (LAKE_DIR + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
+NULL_PART = "__HIVE_DEFAULT_PARTITION__"
+_HEAD = 4096
+#: spans gathered before a chunk is written and committed
+CHUNK_SPANS = 200_000
+#: a live file is compacted once this much of it is not compacted yet
+LIVE_BYTES = 64 << 20
+#: a foreign host's file counts as closed after this long without a change
+IDLE_S = 600.0
+_NAME = re.compile(r"otel_verl-(?P<host>.+)-(?P<pid>\d+)-\d{8}T\d{9}Z(?:-\d+)?\.jsonl$")
+
+
+def lake_dir(trace_dir: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(trace_dir), LAKE_DIR)
+
+
+@dataclass
+class Manifest:
+    """What is compacted: ``sources`` {relative path: {end, head, gen, lines, bad_lines,
+    bad_spans}}, the committed ``segments`` and ``payloads`` (relative to the lake directory),
+    and ``excluded`` source generations."""
+
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    segments: list[str] = field(default_factory=list)
+    payloads: list[str] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
+    runs: int = 0
+
+    @classmethod
+    def load(cls, lake: str) -> Manifest:
+        try:
+            with open(os.path.join(lake, MANIFEST), "rb") as handle:
+                data = orjson.loads(handle.read())
+        except FileNotFoundError:
+            return cls()
+        return cls(data["sources"], data["segments"], data["payloads"], data["excluded"],
+                   data["runs"])
+
+    def save(self, lake: str) -> None:
+        data = orjson.dumps({"version": 1, "sources": self.sources, "segments": self.segments,
+                             "payloads": self.payloads, "excluded": self.excluded,
+                             "runs": self.runs})
+        tmp = os.path.join(lake, f"{MANIFEST}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, os.path.join(lake, MANIFEST))
+        _sync_dir(lake)
+
+    @staticmethod
+    def source_id(path: str, gen: int) -> str:
+        return f"{path}#{gen}"
+
+
+def _sync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fingerprint(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha1(handle.read(_HEAD)).hexdigest()
+
+
+def raw_start(manifest: Manifest, rel: str, path: str, size: int) -> tuple[int, int]:
+    """``(offset, generation)`` from which a store file's lines are not in the segments."""
+    entry = manifest.sources.get(rel)
+    if entry is None:
+        return 0, 0
+    try:
+        same = size >= entry["end"] and fingerprint(path) == entry["head"]
+    except OSError:
+        same = False
+    return (entry["end"], entry["gen"]) if same else (0, entry["gen"] + 1)
+
+
+def decode_range(path: str, start: int, stop: int | None, columns: Columns, source: str,
+                 counts: dict[str, int] | None = None) -> int:
+    """Decode the whole lines of ``path`` in ``[start, stop)`` into ``columns``.
+
+    Returns:
+        The offset after the last complete line read (where the next read starts).
+    """
+    counts = counts if counts is not None else {}
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        data = handle.read() if stop is None else handle.read(max(0, stop - start))
+    last = data.rfind(b"\n")
+    end = start + last + 1 if last >= 0 else start
+    pos = 0
+    limit = last + 1
+    bad: list[str] = []
+    while pos < limit:
+        nl = data.index(b"\n", pos)
+        raw = data[pos:nl]
+        offset = start + pos
+        pos = nl + 1
+        counts["lines"] = counts.get("lines", 0) + 1
+        if not raw.strip():
+            continue
+        for span in _spans_of_line(raw, bad):
+            columns.add(span, source, offset)
+        if bad:
+            counts["bad_spans"] = counts.get("bad_spans", 0) + len(bad)
+            bad.clear()
+    return end
+
+
+def _spans_of_line(raw: bytes, bad: list[str]) -> Iterator[SpanRecord]:
+    try:
+        request = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        bad.append("bad line")
+        return
+    resource_spans = request.get("resourceSpans", request.get("resource_spans")) \
+        if isinstance(request, dict) else None
+    if not isinstance(resource_spans, list):
+        bad.append("no resourceSpans")
+        return
+    try:
+        yield from iter_spans(resource_spans, bad.append)  # type: ignore[misc]
+    except RecursionError:
+        bad.append("nested too deeply")
+
+
+def _part_dir(experiment: Any, step: Any) -> str:
+    exp = NULL_PART if experiment is None else urllib.parse.quote(str(experiment), safe="")
+    return f"experiment={exp}/step={NULL_PART if step is None else int(step)}"
+
+
+@dataclass
+class CompactStats:
+    """What one :func:`compact` call did."""
+
+    files: int = 0
+    bytes: int = 0
+    spans: int = 0
+    segments: int = 0
+    skipped_live: int = 0
+    seconds: float = 0.0
+    busy: bool = False  # another compaction held the lock
+
+
+def _alive(host: str, pid: int) -> bool | None:
+    """Whether the writer process is alive (None: another host's, cannot tell)."""
+    if host != (re.sub(r"[^A-Za-z0-9._-]+", "_", socket.gethostname()) or "host"):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_closed(path: str, now: float | None = None, idle_s: float = IDLE_S) -> bool:
+    """A store file no process writes any more (see the module docstring)."""
+    match = _NAME.search(os.path.basename(path))
+    if match is not None:
+        alive = _alive(match["host"], int(match["pid"]))
+        if alive is not None:
+            return not alive
+    try:
+        return (now or time.time()) - os.stat(path).st_mtime > idle_s
+    except OSError:
+        return False
+
+
+def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
+            idle_s: float = IDLE_S, chunk_spans: int = CHUNK_SPANS,
+            progress: Callable[[int, int], None] | None = None,
+            _after_rename: Callable[[], None] | None = None) -> CompactStats:
+    """Compact the store's closed files (and big live ones) into Parquet segments.
+
+    Args:
+        trace_dir: the store directory.
+        live_bytes: compact a file still being written once this much of it is not compacted
+            (0: every file, to its last complete line).
+        idle_s: a foreign host's file is closed after this long unchanged.
+        chunk_spans: spans per committed chunk.
+        progress: called with ``(bytes done, bytes to do)``.
+
+    Returns:
+        What was done; ``busy`` when another compaction holds the lock (nothing done).
+    """
+    began = time.perf_counter()
+    trace_dir = os.path.abspath(os.fspath(trace_dir))
+    lake = lake_dir(trace_dir)
+    stats = CompactStats()
+    os.makedirs(os.path.join(lake, "tmp"), exist_ok=True)
+    with open(os.path.join(lake, "lock"), "a+b") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            stats.busy = True
+            return stats
+        manifest = Manifest.load(lake)
+        _remove_orphans(lake, manifest)
+        work: list[tuple[str, str, int, int, int]] = []  # rel, path, start, stop, gen
+        now = time.time()
+        for path in list_files(trace_dir):
+            rel = os.path.relpath(path, trace_dir)
+            if rel.startswith(SKIP_DIRS):
+                continue
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                continue
+            start, gen = raw_start(manifest, rel, path, size)
+            if size <= start:
+                continue
+            if not is_closed(path, now, idle_s) and size - start < live_bytes:
+                stats.skipped_live += 1
+                continue
+            work.append((rel, path, start, size, gen))
+        total = sum(stop - start for _, _, start, stop, _ in work)
+        done = 0
+        run = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
+        columns = Columns()
+        pending: dict[str, dict[str, Any]] = {}
+        chunk = 0
+
+        def commit() -> None:
+            nonlocal columns, chunk
+            written = _write_chunk(lake, columns, f"{run}-{chunk}")
+            if _after_rename is not None:
+                _after_rename()
+            manifest.segments.extend(written[0])
+            manifest.payloads.extend(written[1])
+            for rel, entry in pending.items():
+                old = manifest.sources.get(rel)
+                if old is not None and old["gen"] != entry["gen"]:
+                    manifest.excluded.append(Manifest.source_id(rel, old["gen"]))
+                manifest.sources[rel] = entry
+            manifest.runs += 1
+            manifest.save(lake)
+            stats.segments += len(written[0])
+            stats.spans += len(columns)
+            pending.clear()
+            columns = Columns()
+            chunk += 1
+
+        for rel, path, start, stop, gen in work:
+            entry = dict(manifest.sources.get(rel) or {})
+            if entry.get("gen", gen) != gen or not entry:
+                entry = {"gen": gen, "lines": 0, "bad_spans": 0}
+            try:
+                entry["head"] = fingerprint(path)
+            except OSError:
+                continue
+            source = Manifest.source_id(rel, gen)
+            pos = start
+            while pos < stop:  # a chunk at most ~chunk_spans spans
+                step_stop = min(stop, pos + (32 << 20))
+                counts: dict[str, int] = {}
+                end = decode_range(path, pos, step_stop, columns, source, counts)
+                if end == pos:  # no complete line in this stretch: a line > 32 MiB, or a torn end
+                    if step_stop == stop:
+                        break
+                    found = _next_line(path, pos, stop)
+                    if found is None:
+                        break
+                    end = decode_range(path, pos, found, columns, source, counts)
+                entry["lines"] += counts.get("lines", 0)
+                entry["bad_spans"] += counts.get("bad_spans", 0)
+                entry["end"] = end
+                pending[rel] = dict(entry)
+                done += end - pos
+                stats.bytes += end - pos
+                pos = end
+                if progress is not None:
+                    progress(done, total)
+                if len(columns) >= chunk_spans:
+                    commit()
+            stats.files += 1
+        if pending or len(columns):
+            commit()
+    stats.seconds = time.perf_counter() - began
+    return stats
+
+
+def _next_line(path: str, start: int, stop: int) -> int | None:
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        pos = start
+        while pos < stop:
+            block = handle.read(min(8 << 20, stop - pos))
+            if not block:
+                return None
+            nl = block.find(b"\n")
+            if nl >= 0:
+                return pos + nl + 1
+            pos += len(block)
+    return None
+
+
+def _write_chunk(lake: str, columns: Columns, name: str) -> tuple[list[str], list[str]]:
+    """Write one chunk's segments (one file per partition) and rename them into place."""
+    out: tuple[list[str], list[str]] = ([], [])
+    if not len(columns):
+        return out
+    tmp_dir = os.path.join(lake, "tmp")
+    moves: list[tuple[str, str]] = []
+    for kind, table, keep in (("spans", columns.table(), out[0]),
+                              ("payload", columns.payload_table(), out[1])):
+        if table.num_rows == 0:
+            continue
+        table = table.sort_by([("experiment", "ascending"), ("step", "ascending"),
+                               ("TraceId", "ascending")])
+        for part, piece in _partitions(table):
+            rel = f"{kind}/{part}/part-{name}.parquet"
+            tmp = os.path.join(tmp_dir, f"{uuid.uuid4().hex}.parquet")
+            pq.write_table(piece.sort_by([("TraceId", "ascending")]), tmp, compression="zstd",
+                           row_group_size=8192, write_statistics=True)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            moves.append((tmp, os.path.join(lake, rel)))
+            keep.append(rel)
+    for tmp, final in moves:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        os.replace(tmp, final)
+    for directory in {os.path.dirname(final) for _, final in moves}:
+        _sync_dir(directory)
+    return out
+
+
+def _partitions(table: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    exp = table.column("experiment").to_pylist()
+    step = table.column("step").to_pylist()
+    begin = 0
+    for i in range(1, len(exp) + 1):
+        if i == len(exp) or exp[i] != exp[begin] or step[i] != step[begin]:
+            yield _part_dir(exp[begin], step[begin]), table.slice(begin, i - begin)
+            begin = i
+
+
+def _remove_orphans(lake: str, manifest: Manifest) -> None:
+    """Segments a killed compaction renamed but never committed, and its temp files."""
+    known = set(manifest.segments) | set(manifest.payloads)
+    for kind in ("spans", "payload", "tmp"):
+        top = os.path.join(lake, kind)
+        for root, _, files in os.walk(top):
+            for name in files:
+                path = os.path.join(root, name)
+                if kind == "tmp" or os.path.relpath(path, lake) not in known:
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
+
+
+def main_progress(stream: Any = sys.stderr) -> Callable[[int, int], None]:
+    """A simple stderr progress bar for long compactions."""
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.5 and done < total:
+            return
+        last[0] = now
+        width = 30
+        filled = int(width * done / total) if total else width
+        stream.write(f"\rcompacting: [{'#' * filled}{'.' * (width - filled)}] "
+                     f"{done >> 20}/{total >> 20} MiB")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+    return show

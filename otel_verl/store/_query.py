@@ -1,0 +1,455 @@
+"""The lake's query layer: one DuckDB read path over the Parquet segments and the raw store.
+
+Usage::
+
+    from otel_verl.store._query import Lake
+
+    lake = Lake.open("otel_verl_traces")        # reads the manifest and the raw tails
+    lake.sql("SELECT step, avg(reward) FROM trajectories GROUP BY step").fetchall()
+    lake.steps()                                # per (experiment, validate, step), weighted
+    lake.trajectories(step=3, order="reward", descending=True, limit=50)
+    lake.trajectory(trace_id)                   # the spans of one trace (otel_traces columns)
+    lake.refresh()                              # pick up new segments and new raw lines
+
+Needs the ``lake`` extra (``pip install 'otel-verl[lake]'``: duckdb and pyarrow).
+
+The schema (views in the DuckDB connection ``lake.connection``):
+
+``spans``
+    one row per stored span: the Collector ClickHouse exporter's ``otel_traces`` columns plus
+    the RL columns (see :mod:`otel_verl.store._schema`). Segments (compacted) and raw lines
+    (not compacted yet) together, each span from exactly one of them; a span delivered twice
+    (at-least-once delivery) appears twice here, once in ``trajectories``.
+``payloads``
+    ``TraceId``, ``SpanId``, ``Payload`` (map: ``input.value``, ``output.value``, messages, ...).
+``trajectories``
+    one row per trajectory, built from ``spans`` on :meth:`Lake.refresh`: ``key``,
+    ``trace_id``, ``span_id`` (the trajectory span's; ``''`` when it is missing), ``name``,
+    ``project``, ``experiment``, ``step``, ``sample_index``, ``rollout_n``, ``validate``,
+    ``group_key`` (the GRPO group: experiment/validate/step/sample_index), ``reward``,
+    ``reward_label``, ``weight`` (``rollout.sampling.weight``; 1 when not recorded, 0 for a
+    partial trajectory), ``turns``, ``spans``, ``llm_calls``, ``tokens_in``, ``tokens_out``,
+    ``tool_calls``, ``tool_errors``, ``errors``, ``error``, ``start_ns``, ``duration_ns``,
+    ``llm_ns``, ``status`` (``ok`` / ``error`` / ``partial``), ``sampling_reason``,
+    ``termination``, ``finish_reason``, ``policy_version``.
+    A trajectory is the trajectory span and the spans carrying its identity (every span inside
+    a trajectory carries it); spans without any identity (an engine's) join their trace's
+    trajectory when the trace has one; a trace without any is one partial trajectory.
+``steps``
+    per (experiment, validate, step): the weighted statistics (the ONE implementation; see
+    :data:`STEPS_SQL`): ``trajectories``, ``traced`` (with their trajectory span), ``partial``,
+    ``weight`` = ``estimated``, ``reward_mean`` (sum w*r / sum w), ``reward_std``,
+    ``reward_mean_unweighted``, ``pass_rate``, ``reward_min`` / ``reward_max``,
+    ``error_rate`` (weighted share with a span in error), ``with_errors``, ``turns_mean``,
+    ``tokens_in_mean`` / ``tokens_out_mean`` (weighted), ``tool_calls``, ``tool_errors``,
+    ``duration_mean_ns`` / ``duration_max_ns``, ``llm_mean_ns``, ``prompts``, ``by_reason``.
+
+Every read goes through :meth:`Lake.sql` or a typed method on the same views, so the CLI, the
+viewer and ``otel-verl sql`` give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from otel_verl.store import list_files
+from otel_verl.store._compact import SKIP_DIRS, Manifest, decode_range, lake_dir, raw_start
+from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
+
+__all__ = ["STEPS_SQL", "TRAJECTORIES_SQL", "TRAJECTORY_ORDER", "Lake", "LakeState"]
+
+_MAX = 2**63 - 1
+_IDENTITY = ("step IS NULL AND sample_index IS NULL AND rollout_n IS NULL")
+
+#: the trajectory model in SQL (over the ``spans`` view)
+TRAJECTORIES_SQL = f"""
+WITH s AS (
+    SELECT DISTINCT ON (TraceId, SpanId)
+        TraceId, SpanId, ParentSpanId, SpanName, epoch_ns(Timestamp) AS start_ns, Duration,
+        StatusCode, experiment, project, step, sample_index, rollout_n, validate,
+        is_trajectory, is_llm, is_tool, tool_error, reward, eval_score, eval_label, turns,
+        tokens_in, tokens_out, termination, sampling_reason, sampling_weight, error_text,
+        finish_reason, policy_version,
+        CASE WHEN {_IDENTITY} THEN (CASE WHEN is_trajectory THEN 'root:' || SpanId END)
+             ELSE concat_ws('|', coalesce(experiment, '~'), coalesce(validate::VARCHAR, '~'),
+                            coalesce(step::VARCHAR, '~'), coalesce(sample_index::VARCHAR, '~'),
+                            coalesce(rollout_n::VARCHAR, '~')) END AS k
+    FROM spans WHERE NOT is_report),
+g AS (SELECT TraceId, count(DISTINCT k) AS nk, min(k) AS k1 FROM s GROUP BY TraceId),
+a AS (SELECT s.*, coalesce(s.k, CASE WHEN g.nk = 1 THEN g.k1 WHEN g.nk = 0 THEN '' END) AS tk
+      FROM s JOIN g USING (TraceId)),
+t AS (
+    SELECT TraceId AS trace_id,
+        coalesce(min(SpanId) FILTER (WHERE is_trajectory), '') AS span_id,
+        coalesce(min(SpanName) FILTER (WHERE is_trajectory), arg_min(SpanName, start_ns))
+            AS name,
+        coalesce(min(project) FILTER (WHERE is_trajectory),
+                 arg_min(project, start_ns) FILTER (WHERE project IS NOT NULL)) AS project,
+        coalesce(min(experiment) FILTER (WHERE is_trajectory),
+                 arg_min(experiment, start_ns) FILTER (WHERE experiment IS NOT NULL))
+            AS experiment,
+        coalesce(min(step) FILTER (WHERE is_trajectory),
+                 arg_min(step, start_ns) FILTER (WHERE step IS NOT NULL)) AS step,
+        coalesce(min(sample_index) FILTER (WHERE is_trajectory),
+                 arg_min(sample_index, start_ns) FILTER (WHERE sample_index IS NOT NULL))
+            AS sample_index,
+        coalesce(min(rollout_n) FILTER (WHERE is_trajectory),
+                 arg_min(rollout_n, start_ns) FILTER (WHERE rollout_n IS NOT NULL))
+            AS rollout_n,
+        coalesce(bool_or(validate) FILTER (WHERE is_trajectory),
+                 arg_min(validate, start_ns) FILTER (WHERE validate IS NOT NULL)) AS validate,
+        coalesce(min(reward) FILTER (WHERE is_trajectory),
+                 arg_min(reward, start_ns) FILTER (WHERE reward IS NOT NULL),
+                 arg_min(eval_score, start_ns) FILTER (WHERE eval_score IS NOT NULL)) AS reward,
+        arg_min(eval_label, start_ns) FILTER (WHERE eval_label IS NOT NULL) AS reward_label,
+        CASE WHEN bool_or(is_trajectory) THEN coalesce(
+            min(sampling_weight) FILTER (WHERE is_trajectory AND sampling_weight >= 0), 1.0)
+             ELSE 0.0 END AS weight,
+        coalesce(min(turns) FILTER (WHERE is_trajectory),
+                 arg_min(turns, start_ns) FILTER (WHERE turns IS NOT NULL)) AS turns,
+        count(*) AS spans,
+        count(*) FILTER (WHERE is_llm) AS llm_calls,
+        least(coalesce(sum(tokens_in) FILTER (WHERE is_llm), 0), {_MAX})::BIGINT AS tokens_in,
+        least(coalesce(sum(tokens_out) FILTER (WHERE is_llm), 0), {_MAX})::BIGINT AS tokens_out,
+        count(*) FILTER (WHERE is_tool) AS tool_calls,
+        count(*) FILTER (WHERE tool_error) AS tool_errors,
+        count(*) FILTER (WHERE StatusCode = 'Error') AS errors,
+        arg_min(error_text, start_ns) FILTER (WHERE error_text IS NOT NULL) AS error,
+        coalesce(min(start_ns) FILTER (WHERE is_trajectory), min(start_ns)) AS start_ns,
+        coalesce(min(start_ns::HUGEINT + Duration) FILTER (WHERE is_trajectory),
+                 max(start_ns::HUGEINT + Duration)) AS end_ns,
+        least(coalesce(sum(Duration) FILTER (WHERE is_llm), 0), {_MAX})::BIGINT AS llm_ns,
+        bool_or(is_trajectory) AS rooted,
+        min(sampling_reason) FILTER (WHERE is_trajectory) AS sampling_reason,
+        coalesce(min(termination) FILTER (WHERE is_trajectory),
+                 arg_min(termination, start_ns) FILTER (WHERE termination IS NOT NULL))
+            AS termination,
+        arg_max(finish_reason, start_ns) FILTER (WHERE is_llm AND finish_reason IS NOT NULL)
+            AS finish_reason,
+        coalesce(min(policy_version) FILTER (WHERE is_trajectory),
+                 arg_min(policy_version, start_ns) FILTER (WHERE policy_version IS NOT NULL))
+            AS policy_version
+    FROM a WHERE tk IS NOT NULL GROUP BY TraceId, tk)
+SELECT trace_id || ':' || span_id AS key, trace_id, span_id, name, project, experiment, step,
+    sample_index, rollout_n, validate,
+    concat_ws('/', coalesce(experiment, '~'), coalesce(validate::VARCHAR, '~'),
+              coalesce(step::VARCHAR, '~'), coalesce(sample_index::VARCHAR, '~')) AS group_key,
+    reward, reward_label, weight, turns, spans, llm_calls, tokens_in, tokens_out, tool_calls,
+    tool_errors, errors, error, start_ns,
+    least(end_ns - start_ns, {_MAX})::BIGINT AS duration_ns, llm_ns,
+    CASE WHEN errors > 0 THEN 'error' WHEN NOT rooted THEN 'partial' ELSE 'ok' END AS status,
+    sampling_reason, termination, finish_reason, policy_version
+FROM t
+"""
+
+#: the weighted step statistics (the one implementation; docs/sampling.md)
+STEPS_SQL = """
+SELECT experiment, validate, step,
+    count(*) AS trajectories,
+    count(*) FILTER (WHERE span_id <> '') AS traced,
+    count(*) FILTER (WHERE span_id = '') AS partial,
+    sum(weight) AS weight,
+    sum(weight) AS estimated,
+    sum(weight * reward) / nullif(sum(weight) FILTER (WHERE reward IS NOT NULL), 0)
+        AS reward_mean,
+    sum(weight * reward * reward) / nullif(sum(weight) FILTER (WHERE reward IS NOT NULL), 0)
+        AS reward_mean_sq,
+    avg(reward) FILTER (WHERE span_id <> '') AS reward_mean_unweighted,
+    coalesce(sum(weight) FILTER (WHERE reward > 0), 0)
+        / nullif(sum(weight) FILTER (WHERE reward IS NOT NULL), 0) AS pass_rate,
+    min(reward) AS reward_min, max(reward) AS reward_max,
+    coalesce(sum(weight) FILTER (WHERE errors > 0), 0) / nullif(sum(weight), 0) AS error_rate,
+    count(*) FILTER (WHERE errors > 0) AS with_errors,
+    avg(turns) AS turns_mean,
+    sum(weight * tokens_in) / nullif(sum(weight), 0) AS tokens_in_mean,
+    sum(weight * tokens_out) / nullif(sum(weight), 0) AS tokens_out_mean,
+    sum(tool_calls) AS tool_calls, sum(tool_errors) AS tool_errors,
+    avg(duration_ns) AS duration_mean_ns, max(duration_ns) AS duration_max_ns,
+    avg(llm_ns) AS llm_mean_ns,
+    count(DISTINCT sample_index) AS prompts,
+    histogram(coalesce(sampling_reason, 'unknown')) FILTER (WHERE span_id <> '') AS by_reason,
+    list(DISTINCT sampling_reason) FILTER (WHERE sampling_reason IS NOT NULL)
+        AS sampling_reasons
+FROM trajectories
+GROUP BY experiment, validate, step
+"""
+
+#: columns :meth:`Lake.trajectories` may order by
+TRAJECTORY_ORDER = frozenset({
+    "trace_id", "span_id", "name", "project", "experiment", "step", "sample_index", "rollout_n",
+    "validate", "reward", "reward_label", "weight", "turns", "spans", "llm_calls", "tokens_in",
+    "tokens_out", "tool_calls", "tool_errors", "errors", "start_ns", "duration_ns", "llm_ns",
+    "status", "sampling_reason", "termination", "finish_reason", "policy_version"})
+
+
+@dataclass
+class LakeState:
+    """What the last :meth:`Lake.refresh` saw."""
+
+    segments: int = 0
+    segment_rows: int = 0
+    raw_files: int = 0
+    raw_bytes: int = 0
+    raw_spans: int = 0
+    trajectories: int = 0
+    bad_spans: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class Lake:
+    """The store as DuckDB views (see the module docstring for the schema).
+
+    Thread-safe: one lock around the connection (DuckDB connections are not shared across
+    threads otherwise).
+    """
+
+    def __init__(self, trace_dir: str | os.PathLike[str]) -> None:
+        self.trace_dir = os.path.abspath(os.fspath(trace_dir))
+        self.lake_dir = lake_dir(self.trace_dir)
+        self.connection = duckdb.connect(":memory:")
+        self.connection.execute("SET enable_progress_bar = false")
+        self._lock = threading.RLock()
+        self._segments: list[str] = []
+        self.state = LakeState()
+
+    @classmethod
+    def open(cls, trace_dir: str | os.PathLike[str]) -> Lake:
+        """Open a store (a directory ``backend="file"`` writes, compacted or not).
+
+        Raises:
+            FileNotFoundError: ``trace_dir`` does not exist.
+        """
+        if not os.path.isdir(trace_dir):
+            raise FileNotFoundError(f"no trace directory at {trace_dir}")
+        lake = cls(trace_dir)
+        lake.refresh()
+        return lake
+
+    def close(self) -> None:
+        with self._lock:
+            self.connection.close()
+
+    def __enter__(self) -> Lake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- loading ------------------------------------------------------------------------------
+
+    def refresh(self) -> LakeState:
+        """Re-read the manifest and the raw lines not compacted; rebuild ``trajectories``."""
+        with self._lock:
+            manifest = Manifest.load(self.lake_dir)
+            state = LakeState()
+            columns = Columns()
+            excluded = set(manifest.excluded)
+            counts: dict[str, int] = {}
+            for path in list_files(self.trace_dir):
+                rel = os.path.relpath(path, self.trace_dir)
+                if rel.startswith(SKIP_DIRS):
+                    continue
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    continue
+                start, gen = raw_start(manifest, rel, path, size)
+                entry = manifest.sources.get(rel)
+                if entry is not None and gen != entry["gen"]:  # replaced since compacted
+                    excluded.add(Manifest.source_id(rel, entry["gen"]))
+                if size <= start:
+                    continue
+                state.raw_files += 1
+                state.raw_bytes += size - start
+                try:
+                    decode_range(path, start, None, columns, Manifest.source_id(rel, gen),
+                                 counts)
+                except OSError as error:
+                    state.problems.append(f"{rel}: {error}")
+            state.bad_spans = counts.get("bad_spans", 0)
+            raw = columns.table()
+            raw_payload = columns.payload_table()
+            state.raw_spans = raw.num_rows
+            con = self.connection
+            con.register("raw_spans_arrow", raw)
+            con.register("raw_payload_arrow", raw_payload)
+            segments = [os.path.join(self.lake_dir, s) for s in manifest.segments]
+            payloads = [os.path.join(self.lake_dir, s) for s in manifest.payloads]
+            self._segments = segments
+            state.segments = len(segments)
+            where = (f" WHERE source NOT IN ({', '.join(_q(s) for s in sorted(excluded))})"
+                     if excluded else "")
+            names = ", ".join(f'"{n}"' for n in SPAN_SCHEMA.names)
+            if segments:
+                files = "[" + ", ".join(_q(s) for s in segments) + "]"
+                con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
+                            f"read_parquet({files}){where}")
+            else:
+                con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
+                            "raw_spans_arrow WHERE false")
+            con.execute(f"CREATE OR REPLACE VIEW spans AS SELECT * FROM segment_spans UNION ALL "
+                        f"SELECT {names} FROM raw_spans_arrow")
+            pnames = ", ".join(f'"{n}"' for n in PAYLOAD_SCHEMA.names)
+            if payloads:
+                files = "[" + ", ".join(_q(s) for s in payloads) + "]"
+                con.execute(f"CREATE OR REPLACE VIEW payloads AS SELECT {pnames} FROM "
+                            f"read_parquet({files}) UNION ALL SELECT {pnames} FROM "
+                            "raw_payload_arrow")
+            else:
+                con.execute("CREATE OR REPLACE VIEW payloads AS SELECT * FROM raw_payload_arrow")
+            con.execute(f"CREATE OR REPLACE TABLE trajectories AS {TRAJECTORIES_SQL}")
+            con.execute(f"CREATE OR REPLACE VIEW steps AS {STEPS_SQL}")
+            state.segment_rows = con.execute("SELECT count(*) FROM segment_spans").fetchall()[0][0]
+            state.trajectories = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
+            self.state = state
+            return state
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def sql(self, query: str, params: list[Any] | None = None) -> duckdb.DuckDBPyRelation:
+        """Any SQL over ``spans``, ``payloads``, ``trajectories`` and ``steps``; a DuckDB
+        relation (``.fetchall()``, ``.arrow()``, ``.df()``, ``.pl()``)."""
+        with self._lock:
+            return self.connection.sql(query, params=params or None)
+
+    def rows(self, query: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+        """The rows of a query as dicts."""
+        with self._lock:
+            cursor = self.connection.execute(query, params or [])
+            names = [d[0] for d in cursor.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def steps(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        """Per (experiment, validate, step): the weighted statistics (``steps`` view), with the
+        workers' sampling reports (``ran``, ``dropped``) and steps that only have reports."""
+        where, params = ("WHERE experiment = ?", [experiment]) if experiment is not None \
+            else ("", [])
+        out = self.rows(f"SELECT * FROM steps {where}", params)
+        for row in out:
+            mean, mean_sq = row["reward_mean"], row.pop("reward_mean_sq")
+            row["reward_std"] = (math.sqrt(max(mean_sq - mean * mean, 0.0))
+                                 if mean is not None else None)
+            row["by_reason"] = dict(row["by_reason"] or {})
+            row["sampling_reasons"] = sorted(row["sampling_reasons"] or [])
+            row["ran"] = row["dropped"] = None
+        reports = self.sampling_reports()
+        for row in out:
+            counts = reports.pop((row["experiment"], row["validate"], row["step"]), None)
+            if counts is not None:
+                row["ran"], row["dropped"] = counts.get("ran", 0), counts.get("dropped", 0)
+        for (exp, validate, step), counts in reports.items():
+            if experiment is not None and exp != experiment:
+                continue
+            out.append({"experiment": exp, "validate": validate, "step": step,
+                        "trajectories": 0, "traced": 0, "weight": 0.0, "estimated": 0.0,
+                        "by_reason": {}, "ran": counts.get("ran", 0),
+                        "dropped": counts.get("dropped", 0)})
+        out.sort(key=lambda r: (str(r["experiment"]), bool(r["validate"]),
+                                r["step"] if r["step"] is not None else -(2**63)))
+        return out
+
+    overview = steps
+
+    def sampling_reports(self) -> dict[tuple[Any, Any, Any], dict[str, int]]:
+        """The workers' ``otel_verl.sampling_report`` counts summed per step."""
+        totals: dict[tuple[Any, Any, Any], dict[str, int]] = {}
+        for row in self.rows(
+                "SELECT DISTINCT ON (TraceId, SpanId) experiment, validate, step, report_counts "
+                "FROM spans WHERE is_report"):
+            exp, validate, step, counts = row.values()
+            into = totals.setdefault((exp, validate, step), {})
+            for name, value in (counts or {}).items():
+                into[name] = into.get(name, 0) + value
+        return totals
+
+    def flat_groups(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        """Per step: GRPO groups (>1 rollout with a reward) and those with one reward for all
+        (zero advantage: no learning signal)."""
+        where, params = ("AND experiment = ?", [experiment]) if experiment is not None \
+            else ("", [])
+        return self.rows(f"""
+            SELECT experiment, validate, step, count(*) AS groups,
+                   count(*) FILTER (WHERE lo = hi) AS flat_groups FROM (
+                SELECT experiment, validate, step, sample_index, min(reward) lo, max(reward) hi
+                FROM trajectories WHERE reward IS NOT NULL AND sample_index IS NOT NULL {where}
+                GROUP BY experiment, validate, step, sample_index HAVING count(*) > 1)
+            GROUP BY experiment, validate, step ORDER BY experiment, validate, step""", params)
+
+    def trajectories(self, *, experiment: str | None = None, step: int | None = None,
+                     sample_index: int | None = None, rollout_n: int | None = None,
+                     validate: bool | None = None, status: str | None = None,
+                     reward_min: float | None = None, reward_max: float | None = None,
+                     errors_only: bool = False, trace_id: str | None = None,
+                     order: str = "start_ns", descending: bool = False,
+                     limit: int | None = 50, offset: int = 0) -> dict[str, Any]:
+        """One page of trajectory rows matching every filter, and the total count.
+
+        Returns:
+            ``{"total": int, "rows": [dict, ...]}`` (row keys: the ``trajectories`` columns).
+        """
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("experiment", experiment), ("step", step),
+                              ("sample_index", sample_index), ("rollout_n", rollout_n),
+                              ("validate", validate), ("status", status)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if reward_min is not None:
+            clauses.append("reward >= ?")
+            params.append(float(reward_min))
+        if reward_max is not None:
+            clauses.append("reward <= ?")
+            params.append(float(reward_max))
+        if errors_only:
+            clauses.append("(errors > 0 OR tool_errors > 0)")
+        if trace_id:
+            clauses.append("starts_with(trace_id, ?)")
+            params.append(trace_id.lower())
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        if order not in TRAJECTORY_ORDER:
+            order = "start_ns"
+        direction = "DESC" if descending else "ASC"
+        total = self.rows(f"SELECT count(*) AS n FROM trajectories {where}", params)
+        page = "" if limit is None else f" LIMIT {max(0, int(limit))} OFFSET {max(0, int(offset))}"
+        rows = self.rows(
+            f"SELECT * FROM trajectories {where} ORDER BY {order} {direction} NULLS LAST, "
+            f"step, sample_index, rollout_n, key{page}", params)
+        return {"total": total[0]["n"], "rows": rows}
+
+    def trajectory(self, trace_id: str) -> list[dict[str, Any]]:
+        """Every stored span of one trace (``spans`` columns), by start time, deduplicated."""
+        return self.rows(
+            "SELECT DISTINCT ON (SpanId) * FROM spans WHERE TraceId = ? "
+            "ORDER BY SpanId, Timestamp", [trace_id.lower()])
+
+    def payloads_of(self, trace_id: str) -> dict[str, dict[str, str]]:
+        """``{span id: payload map}`` of one trace (prompts, answers, tool calls)."""
+        return {row["SpanId"]: dict(row["Payload"] or {}) for row in self.rows(
+            "SELECT SpanId, Payload FROM payloads WHERE TraceId = ?", [trace_id.lower()])}
+
+    def iter_rows(self, query: str, params: list[Any] | None = None, batch: int = 10_000
+                  ) -> Iterator[dict[str, Any]]:
+        """The rows of a large query as dicts, fetched in batches."""
+        with self._lock:
+            cursor = self.connection.execute(query, params or [])
+            names = [d[0] for d in cursor.description or ()]
+            while chunk := cursor.fetchmany(batch):
+                yield from (dict(zip(names, row, strict=True)) for row in chunk)
+
+    def arrow(self, query: str) -> pa.Table:
+        """A query's result as an Arrow table."""
+        with self._lock:
+            return self.connection.sql(query).arrow()

@@ -1,0 +1,299 @@
+"""The lake (otel_verl.store._query / _compact): one read path, the same numbers as the store's
+trajectory model and the viewer's index, before, during and after compaction; crash-safe
+compaction; hostile lines read without crashing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_verl.store import group_trajectories, read_spans, sampling_reports, step_statistics
+from otel_verl.store._compact import Manifest, compact, lake_dir
+from otel_verl.store._index import StoreIndex
+from otel_verl.store._query import Lake
+
+_spec = importlib.util.spec_from_file_location(
+    "_hostile_spans", Path(__file__).resolve().parents[1] / "_hostile_spans.py")
+assert _spec is not None and _spec.loader is not None
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+
+
+# --- a synthetic GRPO store: weights, rewards, errors, partial trajectories, reports ---------
+
+def _kv(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    if isinstance(value, float):
+        return {"key": key, "value": {"doubleValue": value}}
+    return {"key": key, "value": {"stringValue": str(value)}}
+
+
+def _span(trace: str, span: str, parent: str | None, name: str, start: int, attrs: dict[str, Any],
+          error: bool = False, events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"traceId": trace, "spanId": span, "name": name, "kind": 1,
+                           "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 1000),
+                           "attributes": [_kv(k, v) for k, v in attrs.items()],
+                           "status": {"code": 2, "message": "boom"} if error else {}}
+    if parent:
+        out["parentSpanId"] = parent
+    if events:
+        out["events"] = events
+    return out
+
+
+def _line(spans: list[dict[str, Any]], resource: dict[str, Any]) -> bytes:
+    return json.dumps({"resourceSpans": [{
+        "resource": {"attributes": [_kv(k, v) for k, v in resource.items()]},
+        "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}]}).encode() + b"\n"
+
+
+def write_store(directory: Path, seed: int, steps: int = 3, prompts: int = 3, n: int = 3,
+                files: int = 2, base: int = 0) -> None:
+    """Trajectory spans (weights, reasons, rewards), LLM and tool children in the same or a later
+    line (children end first), an engine span without identity, partial trajectories, errors,
+    duplicates and sampling reports; lines spread over ``files`` files."""
+    rng = random.Random(seed)
+    lines: list[bytes] = []
+    resource = {"service.name": "rollout", "rollout.experiment_name": "exp",
+                "rollout.project_name": "proj"}
+    counter = base
+    for step in range(steps):
+        for prompt in range(prompts):
+            for r in range(n):
+                counter += 1
+                trace = f"{counter:032x}"
+                root = f"{counter:08x}00000001"
+                ident = {"rollout.step": step, "rollout.sample_index": prompt,
+                         "rollout.rollout_n": r, "rollout.validate": step == steps - 1}
+                t0 = 10**18 + counter * 10**6
+                llm = _span(trace, f"{counter:08x}00000002", root, "chat", t0 + 10, {
+                    **ident, "gen_ai.operation.name": "chat",
+                    "gen_ai.usage.input_tokens": rng.randint(1, 100),
+                    "gen_ai.usage.output_tokens": rng.randint(1, 50)},
+                    error=rng.random() < 0.1)
+                tool = _span(trace, f"{counter:08x}00000003", root, "calc", t0 + 20, {
+                    **ident, "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "calc",
+                    "output.value": '{"ok": false}' if rng.random() < 0.3 else '{"ok": true}'})
+                engine = _span(trace, f"{counter:08x}00000004", f"{counter:08x}00000002",
+                               "llm_request", t0 + 11, {}, error=rng.random() < 0.05)
+                attrs = {**ident, "otel_verl.trajectory": True, "rollout.num_turns": 2}
+                if rng.random() < 0.8:
+                    attrs["rollout.reward"] = rng.choice([0.0, 1.0, 0.5, rng.random()])
+                if rng.random() < 0.5:
+                    attrs["rollout.sampling.weight"] = rng.choice([1.0, 2.0, 4.0, 0.0])
+                    attrs["rollout.sampling.reason"] = rng.choice(["head", "error", "group"])
+                events = None
+                if "rollout.reward" not in attrs and rng.random() < 0.5:
+                    events = [{"name": "gen_ai.evaluation.result", "timeUnixNano": str(t0 + 30),
+                               "attributes": [_kv("gen_ai.evaluation.score.value", 0.25)]}]
+                top = _span(trace, root, None, "agent_loop", t0, attrs, events=events)
+                kids = [llm, tool]
+                if rng.random() < 0.1:  # the trajectory span never arrived: partial
+                    lines.append(_line(kids, resource))
+                    continue
+                if rng.random() < 0.5:
+                    lines.append(_line([*kids, top], resource))
+                else:
+                    lines.append(_line(kids, resource))
+                    lines.append(_line([top], resource))
+                lines.append(_line([engine], {"service.name": "vllm"}))
+                if rng.random() < 0.1:  # at-least-once delivery: the same line twice
+                    lines.append(lines[-2])
+        report = _span(f"{0xfeed0000 + base + step:032x}", f"{0xfeed0000 + base + step:016x}", None,
+                       "otel_verl.sampling_report", 10**18, {
+                           "rollout.step": step, "rollout.validate": step == steps - 1,
+                           "rollout.experiment_name": "exp", "rollout.sampling.ran": 50,
+                           "rollout.sampling.dropped": 7})
+        lines.append(_line([report], resource))
+    directory.mkdir(parents=True, exist_ok=True)
+    handles = [open(directory / f"otel_verl-elsewhere-{i + 1}-20260101T000000000Z.jsonl", "ab")
+               for i in range(files)]
+    try:
+        for i, raw in enumerate(lines):
+            handles[i % files].write(raw)
+    finally:
+        for h in handles:
+            h.close()
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    return bool(a == b)
+
+
+_MODEL_FIELDS = ("traced", "by_reason", "estimated", "reward_mean", "reward_mean_unweighted",
+                 "error_rate", "ran", "dropped")
+_INDEX_FIELDS = ("trajectories", "weight", "reward_mean", "reward_std", "pass_rate",
+                 "reward_min", "reward_max", "turns_mean", "tokens_in_mean", "tokens_out_mean",
+                 "tool_calls", "tool_errors", "with_errors", "prompts", "partial", "error_rate",
+                 "sampling_reasons", "ran", "dropped")
+
+
+def _assert_same(lake_rows: list[dict[str, Any]], other: list[dict[str, Any]],
+                 fields: tuple[str, ...]) -> None:
+    key = lambda r: (str(r["experiment"]), bool(r["validate"]), r["step"])  # noqa: E731
+    mine = {key(r): r for r in lake_rows}
+    theirs = {key(r): r for r in other}
+    assert set(mine) == set(theirs)
+    for k, row in theirs.items():
+        for name in fields:
+            if name in row:
+                assert _close(mine[k].get(name), row[name]), (k, name, mine[k].get(name), row[name])
+
+
+def _model_steps(directory: Path) -> list[dict[str, Any]]:
+    spans = list(read_spans(directory))
+    return [s.as_dict() for s in step_statistics(group_trajectories(spans),
+                                                 sampling_reports(spans))]
+
+
+def _index_steps(directory: Path, tmp: Path) -> list[dict[str, Any]]:
+    index = StoreIndex(directory, index_path=tmp / "index.sqlite3")
+    try:
+        index.update()
+        return index.overview()
+    finally:
+        index.close()
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), files=st.integers(1, 3))
+def test_step_statistics_match_the_model_and_the_index(tmp_path_factory: Any, seed: int,
+                                                        files: int) -> None:
+    """The lake's steps = store.step_statistics = StoreIndex.overview, raw, half compacted (a
+    file appended to after compaction) and fully compacted."""
+    tmp = tmp_path_factory.mktemp("lake")
+    store = tmp / "store"
+    write_store(store, seed, files=files)
+    model, index = _model_steps(store), _index_steps(store, tmp)
+    with Lake.open(store) as lake:
+        _assert_same(lake.steps(), model, _MODEL_FIELDS)
+        _assert_same(lake.steps(), index, _INDEX_FIELDS)
+        compact(store, live_bytes=0, chunk_spans=50)
+        lake.refresh()
+        assert lake.state.raw_spans == 0 and lake.state.segments > 0
+        _assert_same(lake.steps(), model, _MODEL_FIELDS)
+        _assert_same(lake.steps(), index, _INDEX_FIELDS)
+        write_store(store, seed + 1, steps=4, files=files, base=10_000)  # appended: raw tails after segments
+        model, index = _model_steps(store), _index_steps(store, tmp / "again")
+        lake.refresh()
+        assert lake.state.raw_spans > 0 and lake.state.segment_rows > 0
+        _assert_same(lake.steps(), model, _MODEL_FIELDS)
+        _assert_same(lake.steps(), index, _INDEX_FIELDS)
+
+
+def test_trajectory_rows_match_the_model(tmp_path: Path) -> None:
+    write_store(tmp_path, 7)
+    trajectories = group_trajectories(read_spans(tmp_path))
+    compact(tmp_path, live_bytes=0, chunk_spans=40)
+    with Lake.open(tmp_path) as lake:
+        page = lake.trajectories(limit=None)
+        assert page["total"] == len(trajectories)
+        rows = {(r["trace_id"], r["span_id"]): r for r in page["rows"]}
+        for t in trajectories:
+            row = rows[(t.trace_id, t.span_id or "")]
+            assert row["reward"] == t.reward
+            assert row["status"] == t.status
+            assert row["spans"] == len(t.spans)
+            assert row["errors"] == len(t.errors)
+            assert (row["step"], row["sample_index"], row["rollout_n"]) == (
+                t.step, t.sample_index, t.rollout_n)
+            spans = lake.trajectory(t.trace_id)
+            assert {s["SpanId"] for s in spans} >= {s["span_id"] for s in t.spans}
+
+
+def _read_all(store: Path) -> list[tuple[str, str]]:
+    with Lake.open(store) as lake:
+        return sorted(lake.sql("SELECT TraceId, SpanId FROM spans").fetchall())
+
+
+def test_compaction_interrupted_after_renaming_leaves_a_store_that_reads_the_same(
+        tmp_path: Path) -> None:
+    """Segments renamed but never committed are invisible and removed; the next run finishes."""
+    write_store(tmp_path, 3, steps=4)
+    before = _read_all(tmp_path)
+
+    class Killed(Exception):
+        pass
+
+    calls = []
+
+    def die() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        compact(tmp_path, live_bytes=0, chunk_spans=30, _after_rename=die)
+    manifest = Manifest.load(lake_dir(tmp_path))
+    assert manifest.segments  # the first chunk was committed
+    assert _read_all(tmp_path) == before  # no duplicates, nothing lost
+    compact(tmp_path, live_bytes=0, chunk_spans=30)
+    assert _read_all(tmp_path) == before
+    with Lake.open(tmp_path) as lake:
+        assert lake.state.raw_spans == 0
+        on_disk = {str(p.relative_to(lake_dir(tmp_path)))
+                   for p in Path(lake_dir(tmp_path), "spans").rglob("*.parquet")}
+        assert on_disk == set(Manifest.load(lake_dir(tmp_path)).segments)  # orphans removed
+
+
+def test_a_replaced_store_file_is_read_as_it_is_now(tmp_path: Path) -> None:
+    write_store(tmp_path, 1, files=1)
+    compact(tmp_path, live_bytes=0)
+    (path,) = tmp_path.glob("*.jsonl")
+    path.write_bytes(b"")
+    write_store(tmp_path, 2, steps=1, files=1, base=10_000)  # same name, new content
+    expected = sorted((s["trace_id"], s["span_id"]) for s in read_spans(tmp_path))
+    assert _read_all(tmp_path) == expected
+    compact(tmp_path, live_bytes=0)
+    assert _read_all(tmp_path) == expected
+
+
+def test_live_files_stay_raw_until_big(tmp_path: Path) -> None:
+    """A file whose writer is alive (this process) is left raw unless it passed live_bytes."""
+    write_store(tmp_path, 4, files=1)
+    (path,) = tmp_path.glob("*.jsonl")
+    live = tmp_path / f"otel_verl-{H.__name__ and _host()}-{os.getpid()}-20260101T000000000Z.jsonl"
+    path.rename(live)
+    assert compact(tmp_path).skipped_live == 1
+    assert Manifest.load(lake_dir(tmp_path)).segments == []
+    assert compact(tmp_path, live_bytes=1).spans > 0
+
+
+def _host() -> str:
+    import re
+    import socket
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", socket.gethostname()) or "host"
+
+
+def test_hostile_lines_read_without_crashing(tmp_path: Path) -> None:
+    """Every poisoned line of tests/_hostile_spans.py: Lake.open, compaction and every query
+    answer, and the good trajectories keep their numbers."""
+    H.write_good_store(tmp_path, 6)
+    good = {t.trace_id: t.reward for t in group_trajectories(read_spans(tmp_path))}
+    H.poison_store(tmp_path)
+    for compacted in (False, True):
+        if compacted:
+            compact(tmp_path, live_bytes=0)
+        with Lake.open(tmp_path) as lake:
+            rows = lake.trajectories(limit=None)["rows"]
+            by_trace = {r["trace_id"]: r for r in rows if r["span_id"]}
+            for trace_id, reward in good.items():
+                assert by_trace[trace_id]["reward"] == reward
+            lake.steps()
+            lake.flat_groups()
+            for r in rows:
+                lake.trajectory(r["trace_id"])
