@@ -160,13 +160,13 @@ class _OpCall:
         if traj is not None and not traj.enabled:
             return None
         try:
+            # the trajectory attributes (and the child marker) are added at start, validated
+            # once per trajectory, by the provider's TrajectoryAttributesProcessor
             attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: spec.kind}
             outcome = None
-            if traj is not None:
-                attrs.update(traj.attrs)
-                if traj.span is not None and otel_trace.get_current_span() is traj.span:
-                    attrs[semconv.OTEL_VERL_TRAJECTORY_CHILD] = True
-                    outcome = current_outcome()
+            if traj is not None and traj.span is not None and \
+                    otel_trace.get_current_span() is traj.span:
+                outcome = current_outcome()
             owner = None
             if spec.capture_input and runtime.config.capture_payloads:
                 owner, inputs = spec.bind(args, kwargs)
@@ -222,7 +222,7 @@ class _OpCall:
               output: Any) -> dict[str, str] | None:
         """token2text: decoded prompt/response text (never raises)."""
         try:
-            return token_texts(self.owner, kwargs, output)
+            return token_texts(self.owner, kwargs, output, self.span)
         except Exception as exc:
             _errors.internal_error(exc, f"token2text in {self.spec.name}")
             return None

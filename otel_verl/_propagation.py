@@ -21,6 +21,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from otel_verl import _errors, semconv
+from otel_verl._hotpath import clean_attributes
 from otel_verl._state import TRAJECTORY, Trajectory
 from otel_verl._trajectory import is_recording
 
@@ -71,7 +72,8 @@ def use_context(carrier: Mapping[str, str] | None) -> Iterator[None]:
     if raw:
         try:
             data = json.loads(raw)
-            traj = Trajectory(data.get("attrs") or {}, None, bool(data.get("enabled", True)))
+            traj = Trajectory(clean_attributes(data.get("attrs") or {}), None,
+                              bool(data.get("enabled", True)))
         except (ValueError, AttributeError) as exc:
             _errors.internal_error(exc, "malformed trajectory carrier")
     ctx_token = otel_context.attach(ctx)

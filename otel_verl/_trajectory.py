@@ -37,6 +37,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, semconv
 from otel_verl._capture import record_failure, scrub_text, set_payload
+from otel_verl._hotpath import clean_attributes
 from otel_verl._sampling import normalise_index, sampling_attributes
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 from otel_verl.exporters._scrub import fix_surrogates
@@ -142,6 +143,7 @@ def rollout_trace_attr(
     attrs[semconv.ROLLOUT_VALIDATE] = validate if type(validate) is bool else _truth(validate)
     attrs[semconv.ROLLOUT_EXPERIMENT_NAME] = STATE.config.experiment_name
     attrs.update(_viewer_attrs(attrs))
+    attrs = clean_attributes(attrs)  # validated once: every span inside gets them in one step
     enabled = trace if type(trace) is bool else _truth(trace)
     previous = TRAJECTORY.get()
     provisional = not enabled and runtime is not None and bool(runtime.config.tail_keep)

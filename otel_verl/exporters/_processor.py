@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
 from otel_verl._fork import LiveInstances
+from otel_verl._hotpath import attribute_map, merge_clean
 from otel_verl.exporters._spans import (  # estimate_bytes: imported from here too
     estimate_bytes,
     shutdown_within,
@@ -43,9 +44,10 @@ _log = logging.getLogger("otel_verl")
 class TrajectoryAttributesProcessor(SpanProcessor):
     """Adds the current trajectory's attributes to spans that were started without them.
 
-    Spans made by ``rollout_trace_op`` already carry them (passed at start, which is cheaper);
-    this covers spans made with ``get_tracer()`` and by libraries using otel_verl's provider, and
-    marks those whose parent is the trajectory span (``child_marker``), as ops are marked.
+    The one place every span inside a trajectory gets them (``rollout_trace_op``'s spans, those
+    made with ``get_tracer()`` and by libraries using otel_verl's provider): the attributes come
+    validated once per trajectory and go in with one insert (``otel_verl._hotpath``); direct
+    children of the trajectory span are marked (``child_marker``).
 
     Args:
         current: returns (trajectory attributes, trajectory span id or None), or None outside a
@@ -62,14 +64,14 @@ class TrajectoryAttributesProcessor(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         current = self._current()
-        if not current or (span.attributes or {}).get(self._marker) is not None:
+        if not current or attribute_map(span).get(self._marker) is not None:
             return
         attrs, trajectory_span_id = current
-        span.set_attributes(attrs)
         parent = span.parent
         if parent is not None and trajectory_span_id is not None and \
                 parent.span_id == trajectory_span_id:
-            span.set_attribute(self._child_marker, True)
+            attrs = {**attrs, self._child_marker: True}
+        merge_clean(span, attrs)  # validated once per trajectory (``_hotpath``), one insert
 
     def on_end(self, span: ReadableSpan) -> None:
         pass

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _errors
+from otel_verl._hotpath import attribute_map
 
 
 def copy_span(span: ReadableSpan, **changes: Any) -> ReadableSpan:
@@ -37,8 +38,10 @@ def copy_span(span: ReadableSpan, **changes: Any) -> ReadableSpan:
 def estimate_bytes(span: ReadableSpan) -> int:
     """A cheap upper-ish estimate of a span's encoded size (strings by length, the rest flat)."""
     size = 320 + len(span.name)
-    for key, value in (span.attributes or {}).items():
+    for key, value in attribute_map(span).items():  # the plain dict: no Mapping-ABC dispatch
         size += len(key) + 40 + (len(value) if type(value) is str else 24)
+    if not getattr(span, "_events", True):  # no events: skip the SDK's copy into a tuple
+        return size
     for event in span.events:
         size += 96 + len(event.name)
         for key, value in (event.attributes or {}).items():
