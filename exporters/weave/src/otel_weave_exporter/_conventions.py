@@ -24,6 +24,23 @@ OTEL_VERL_TRAJECTORY_CHILD: Final = "otel_verl.trajectory_child"
 #: top-level op), whose input and output (with the reward) the trajectory span then carries
 OTEL_VERL_TRAJECTORY_OP: Final = "otel_verl.trajectory_op"
 
+# --- per-turn content (otel_verl docs/content.md): an LLM call's input field holds only what it
+# appended to its base; the whole prompt is content(base)[:base_len] + delta ----------------------
+CONTENT_PREFIX: Final = "otel_verl.content."
+CONTENT_ID: Final = "otel_verl.content.id"
+CONTENT_LEN: Final = "otel_verl.content.len"
+CONTENT_KIND: Final = "otel_verl.content.kind"
+CONTENT_FIELD: Final = "otel_verl.content.field"
+CONTENT_DELTA_LEN: Final = "otel_verl.content.delta_len"
+CONTENT_INLINE: Final = "otel_verl.content.inline"
+CONTENT_BASE_ID: Final = "otel_verl.content.base_id"
+CONTENT_BASE_LEN: Final = "otel_verl.content.base_len"
+CONTENT_BASE_SPAN_ID: Final = "otel_verl.content.base_span_id"
+CONTENT_OUTPUT_ID: Final = "otel_verl.content.output_id"
+CONTENT_OUTPUT_LEN: Final = "otel_verl.content.output_len"
+#: the content store's folder (``<trace_dir>/content``), read for deltas beyond a span's cap
+ENV_CONTENT_DIR: Final = "OTEL_EXPORTER_WEAVE_CONTENT_DIR"
+
 # --- OpenInference / GenAI ----------------------------------------------------------------------
 INPUT_VALUE: Final = "input.value"
 INPUT_MIME_TYPE: Final = "input.mime_type"

@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
 from otel_weave_exporter import _conventions as c
+from otel_weave_exporter._content_objects import ContentCalls
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 _ROLLUP_MAX = 100_000
@@ -209,8 +210,11 @@ class Translator:
         summary_rollup: bool = True,
         threads: bool = True,
         wandb_run_id: str | None = None,
+        content: ContentCalls | None = None,
     ) -> None:
         self.entity = entity
+        #: otel_verl's delta-coded LLM inputs -> segments of Weave objects (None: as they are)
+        self.content = content
         self.project = project
         self.project_id = f"{entity}/{project}"
         self.keep_trajectory_spans = keep_trajectory_spans
@@ -279,6 +283,17 @@ class Translator:
         for k, v in counts.items():
             pending[1][k] = pending[1].get(k, 0) + v
 
+    def _content_inputs(self, inputs: Any, output: Any, attrs: Mapping[str, Any]) -> Any:
+        """A delta-coded LLM call's inputs with its field as object segments (``_content_objects``).
+
+        Parses the call's own payloads (O(what the call added): its delta and its response)."""
+        assert self.content is not None
+        parsed = _materialised(inputs)
+        if not isinstance(parsed, dict):
+            return inputs
+        self.content.rewrite(parsed, _materialised(output), attrs)
+        return parsed
+
     # -- the mapping ------------------------------------------------------------------------------
     def translate(self, span: ReadableSpan) -> dict[str, Any] | None:
         """The complete call for ``span``, or None when the span is dropped (trajectory span)."""
@@ -327,6 +342,8 @@ class Translator:
             inputs = {"messages": _parse_payload(rest.pop(c.GEN_AI_INPUT_MESSAGES))}
         if not isinstance(inputs, (dict, RawJSON)):
             inputs = {} if inputs is None else {"input": inputs}
+        if self.content is not None and c.CONTENT_FIELD in attrs:
+            inputs = self._content_inputs(inputs, output, attrs)
         if output is None and c.GEN_AI_OUTPUT_MESSAGES in attrs:
             output = {"messages": _parse_payload(rest.pop(c.GEN_AI_OUTPUT_MESSAGES))}
 
@@ -401,6 +418,15 @@ class Translator:
             "wb_run_id": self._wb_run_id,
             "wb_run_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
         }
+
+
+def _materialised(value: Any) -> Any:
+    if isinstance(value, RawJSON):
+        try:
+            return json.loads(value.text)
+        except ValueError:
+            return value.text
+    return value
 
 
 def _count_of(value: Any) -> int:

@@ -1,0 +1,395 @@
+"""Large shared content as Weave objects, referenced from the calls (Weave's own dedup by digest).
+
+A Weave object is a value stored once per ``(name, digest)``; a call refers to it with its ref
+URI ``weave:///entity/project/object/NAME:DIGEST`` anywhere in its inputs (the server records
+it in the call's ``input_refs``; the UI shows it as a link and opens the value). This module
+turns content segments into such objects:
+
+* the digest is Weave's own (``weave/shared/digest.py``: SHA-256 of the value's
+  ``json.dumps(val, sort_keys=True)``, URL-safe base64 with ``-``/``_`` as ``X``/``Y``, no
+  padding), computed here, so a call can name its objects before the server answers; the
+  request carries it as ``expected_digest`` and the server checks it;
+* the name comes from the content (``otel_verl_content-<content id>``), so the GRPO group's
+  ``n`` rollouts, every later step and every process of a run that see the same content publish
+  the same ``(name, digest)``: the server keeps one row (``obj_create`` dedups on it), and this
+  process sends it once (``published`` remembers what the server accepted, bounded);
+* values never hold refs themselves: a nested ref's digest would depend on the hosted server's
+  internal project id, which a client cannot know without asking.
+
+Not thread-safe: the exporter calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from otel_weave_exporter import _conventions as c
+
+OBJ_CREATE_PATH = "/obj/create"
+OBJECT_PREFIX = "otel_verl_content-"
+_MAX_NAME = 128
+
+
+def weave_digest(val: Any) -> str:
+    """Weave's object digest of a plain JSON value (what ``obj_create`` computes server-side)."""
+    text = json.dumps(val, sort_keys=True)
+    raw = hashlib.sha256(text.encode()).digest()
+    return base64.urlsafe_b64encode(raw).decode().replace("-", "X").replace("_", "Y").rstrip("=")
+
+
+def object_name(content_id: str) -> str:
+    """A valid Weave object name (``[\\w._-]``, <= 128 chars) for a content id."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in str(content_id))
+    return (OBJECT_PREFIX + safe)[:_MAX_NAME]
+
+
+@dataclass(frozen=True)
+class PendingObject:
+    name: str
+    digest: str
+    body: bytes  # the /obj/create request body
+
+
+class ContentObjects:
+    """Builds object refs and the ``/obj/create`` bodies still to send.
+
+    Args:
+        entity, project: the Weave project the refs point into.
+        max_pending_bytes: bound of the bodies waiting to be sent; beyond it ``ref`` answers None
+            (the caller keeps the content inline instead: nothing is lost).
+        max_published: how many accepted ``(name, digest)`` pairs are remembered (oldest
+            forgotten first; a forgotten one is simply sent again, the server dedups).
+    """
+
+    def __init__(self, entity: str, project: str, *, max_pending_bytes: int = 64 << 20,
+                 max_published: int = 65536) -> None:
+        self.entity = entity
+        self.project = project
+        self.project_id = f"{entity}/{project}"
+        self.max_pending_bytes = max_pending_bytes
+        self.max_published = max_published
+        self._pending: OrderedDict[tuple[str, str], PendingObject] = OrderedDict()
+        self._pending_bytes = 0
+        self._published: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def uri(self, name: str, digest: str) -> str:
+        return f"weave:///{self.entity}/{self.project}/object/{name}:{digest}"
+
+    def ref(self, content_id: str, val: Any) -> str | None:
+        """The ref URI of ``val`` as object ``otel_verl_content-<content_id>``, queued for
+        publishing unless already published or queued; None when the queue is full."""
+        name = object_name(content_id)
+        digest = weave_digest(val)
+        key = (name, digest)
+        if key in self._published:
+            self._published.move_to_end(key)
+            return self.uri(name, digest)
+        if key not in self._pending:
+            body = json.dumps(
+                {"obj": {"project_id": self.project_id, "object_id": name, "val": val,
+                         "expected_digest": digest}},
+                separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+            if self._pending_bytes + len(body) > self.max_pending_bytes:
+                return None
+            self._pending[key] = PendingObject(name, digest, body)
+            self._pending_bytes += len(body)
+        return self.uri(name, digest)
+
+    def pending(self) -> list[PendingObject]:
+        """The objects still to send, oldest first (they stay queued until ``done``)."""
+        return list(self._pending.values())
+
+    def done(self, obj: PendingObject) -> None:
+        """The server accepted ``obj``: remember it, drop it from the queue."""
+        key = (obj.name, obj.digest)
+        if self._pending.pop(key, None) is not None:
+            self._pending_bytes -= len(obj.body)
+        self._published[key] = None
+        if len(self._published) > self.max_published:
+            self._published.popitem(last=False)
+
+    def drop(self, obj: PendingObject) -> None:
+        """The server refused ``obj`` as invalid: never retried."""
+        if self._pending.pop((obj.name, obj.digest), None) is not None:
+            self._pending_bytes -= len(obj.body)
+
+
+@dataclass
+class Published:
+    sent: int = 0  # objects the server accepted in this round
+    requests: int = 0
+    retries: int = 0
+    rejected: int = 0  # refused as invalid (never retried)
+    error: str = ""  # why the round stopped early (the rest stays queued), or ""
+
+
+def publish(objects: ContentObjects, sender: Any, deadline: float) -> Published:
+    """POST every queued object to ``/obj/create`` (one request each, in order) before
+    ``deadline``; stops at the first failure that may pass (the rest stays queued, retried by the
+    next export). Never raises on HTTP errors."""
+    out = Published()
+    for obj in objects.pending():
+        result = sender.send(OBJ_CREATE_PATH, obj.body, deadline)
+        out.retries += result.attempts - (1 if result.ok else 0)
+        if result.ok:
+            out.requests += 1
+            out.sent += 1
+            objects.done(obj)
+            continue
+        if result.rejected or result.too_large:
+            out.rejected += 1
+            objects.drop(obj)
+            out.error = out.error or result.error
+            continue
+        out.error = result.error or "object not delivered"
+        break
+    return out
+
+
+# --- the content store (read side, for deltas beyond a span's cap) ------------------------------
+
+
+class NodeReader:
+    """The nodes of otel_verl's content store (``<trace_dir>/content/*.nodes``, one JSON node a
+    line: ``{"id", "kind", "len", "base", "base_len", "delta"}``), indexed by id as the files
+    grow (only whole lines; each file read once, from where the last look stopped).
+
+    ``flush`` (optional) is called before looking again for an id not found: otel_verl's
+    ``_content.flush_all``, so nodes its writer thread still buffers reach the file first.
+    """
+
+    def __init__(self, directory: str, flush: Callable[[], Any] | None = None,
+                 max_index: int = 1_000_000) -> None:
+        self.directory = directory
+        self._flush = flush
+        self._offsets: dict[str, int] = {}
+        self._index: OrderedDict[str, tuple[str, int, int]] = OrderedDict()
+        self._max_index = max_index
+
+    def _scan(self) -> None:
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.endswith((".nodes", ".jsonl")))
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.directory, name)
+            start = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next look
+            pos = 0
+            while pos < end:
+                nl = data.index(b"\n", pos)
+                head = data[pos:min(nl, pos + 200)]
+                marker = head.find(b'"id":"')
+                if marker >= 0:
+                    close = head.find(b'"', marker + 6)
+                    if close > 0:
+                        node_id = head[marker + 6:close].decode("utf-8", "replace")
+                        self._index[node_id] = (path, start + pos, nl - pos)
+                        if len(self._index) > self._max_index:
+                            self._index.popitem(last=False)
+                pos = nl + 1
+            self._offsets[path] = start + end
+
+    def node(self, node_id: str) -> dict[str, Any] | None:
+        """The node ``node_id`` as stored, or None (not in the store, or unreadable)."""
+        where = self._index.get(node_id)
+        if where is None:
+            self._scan()
+            where = self._index.get(node_id)
+        if where is None and self._flush is not None:
+            try:
+                self._flush()
+            except Exception:  # otel_verl's own problem: the node is just not found
+                pass
+            self._scan()
+            where = self._index.get(node_id)
+        if where is None:
+            return None
+        path, offset, size = where
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                node = json.loads(f.read(size))
+        except (OSError, ValueError):
+            return None
+        return node if isinstance(node, dict) and node.get("id") == node_id else None
+
+
+# --- calls: the delta-coded input field as segments of objects ----------------------------------
+
+#: one piece of a prompt: (the ref URI of its object, its length in items)
+Segment = tuple[str, int]
+
+
+def _take(segments: tuple[Segment, ...], n: int) -> list[Any]:
+    """The first ``n`` items of ``segments`` as call segments (a cut one as ``{ref, len}``)."""
+    out: list[Any] = []
+    left = n
+    for uri, length in segments:
+        if left <= 0:
+            break
+        out.append(uri if length <= left else {"ref": uri, "len": left})
+        left -= length
+    return out
+
+
+def _prefix(segments: tuple[Segment, ...], n: int) -> tuple[Segment, ...] | None:
+    """``segments`` cut to their first ``n`` items, as whole segments only (None when a segment
+    would be cut: such a prefix is not remembered, only shown)."""
+    out: list[Segment] = []
+    total = 0
+    for uri, length in segments:
+        if total >= n:
+            break
+        if total + length > n:
+            return None
+        out.append((uri, length))
+        total += length
+    return tuple(out) if total == n else None
+
+
+class ContentCalls:
+    """Rewrites the delta-coded input field of otel_verl's LLM calls for Weave.
+
+    Every node of a trajectory's chain (a call's prompt, the prompt plus its response) becomes
+    the list of its segments: objects of what each node appended (one per node, named by its
+    content id, so shared nodes are one object). A call's field then reads::
+
+        {"content_id": ..., "length": N, "segments": [REF, REF, ..., <delta inline or REF>],
+         "extends": {"content_id": BASE, "length": n, "span_id": ...}}
+
+    with the whole prompt = the concatenation of the segments' items (``{"ref", "len"}`` is the
+    head of an object). A call whose base is unknown here (not seen by this exporter and not in
+    the content store) says ``"complete": false`` and keeps its delta and reference.
+    """
+
+    def __init__(self, objects: ContentObjects, reader: NodeReader | None = None, *,
+                 inline_max_bytes: int = 2048, max_nodes: int = 100_000) -> None:
+        self.objects = objects
+        self.reader = reader
+        self.inline_max_bytes = inline_max_bytes
+        self._nodes: OrderedDict[str, tuple[Segment, ...]] = OrderedDict()
+        self._max_nodes = max_nodes
+        self.incomplete = 0  # calls whose whole prompt could not be referenced
+
+    def _remember(self, node_id: str, segments: tuple[Segment, ...]) -> None:
+        self._nodes[node_id] = segments
+        self._nodes.move_to_end(node_id)
+        if len(self._nodes) > self._max_nodes:
+            self._nodes.popitem(last=False)
+
+    def _object(self, node_id: str, kind: str, items: list[Any]) -> str | None:
+        return self.objects.ref(node_id, {"content_id": node_id, "kind": kind, "items": items})
+
+    def segments_of(self, node_id: str, depth: int = 0) -> tuple[Segment, ...] | None:
+        """The segments of a node: remembered, else rebuilt from the content store."""
+        known = self._nodes.get(node_id)
+        if known is not None:
+            return known
+        if self.reader is None or depth > 10_000:
+            return None
+        node = self.reader.node(node_id)
+        if node is None:
+            return None
+        base, base_len, delta = node.get("base"), node.get("base_len") or 0, node.get("delta")
+        if not isinstance(delta, list):
+            return None
+        head: tuple[Segment, ...] = ()
+        if base:
+            base_segments = self.segments_of(str(base), depth + 1)
+            head_or_none = _prefix(base_segments, int(base_len)) if base_segments else None
+            if head_or_none is None:
+                return None
+            head = head_or_none
+        uri = self._object(node_id, str(node.get("kind") or ""), delta)
+        if uri is None:
+            return None
+        segments = (*head, (uri, len(delta)))
+        self._remember(node_id, segments)
+        return segments
+
+    def rewrite(self, inputs: dict[str, Any], output: Any, attrs: Mapping[str, Any]) -> bool:
+        """Rewrite ``inputs[field]`` in place; False when the call's prompt is not complete."""
+        field = attrs.get(c.CONTENT_FIELD)
+        node_id = attrs.get(c.CONTENT_ID)
+        if not isinstance(field, str) or not isinstance(node_id, str):
+            return True
+        kind = str(attrs.get(c.CONTENT_KIND) or "")
+        length = _int(attrs.get(c.CONTENT_LEN))
+        base_id = attrs.get(c.CONTENT_BASE_ID)
+        base_len = _int(attrs.get(c.CONTENT_BASE_LEN))
+        delta = inputs.get(field)
+        inline = attrs.get(c.CONTENT_INLINE, True) is not False
+        if not (inline and isinstance(delta, list)
+                and len(delta) == _int(attrs.get(c.CONTENT_DELTA_LEN), len(delta))):
+            node = self.reader.node(node_id) if self.reader is not None else None
+            delta = node.get("delta") if node is not None else None
+        view: dict[str, Any] = {"content_id": node_id, "length": length}
+        if base_id:
+            view["extends"] = {"content_id": base_id, "length": base_len,
+                               "span_id": attrs.get(c.CONTENT_BASE_SPAN_ID)}
+        base_segments = self.segments_of(str(base_id)) if base_id else ()
+        own = self._object(node_id, kind, delta) if isinstance(delta, list) else None
+        if base_segments is None or own is None or not isinstance(delta, list) or (
+                base_len + len(delta) != length):
+            self.incomplete += 1
+            view["complete"] = False
+            view["delta"] = inputs.get(field)
+            inputs[field] = view
+            return False
+        shown = _take(base_segments, base_len)
+        small = len(json.dumps(delta, separators=(",", ":"))) <= self.inline_max_bytes
+        view["segments"] = [*shown, delta if small else own]
+        inputs[field] = view
+        head = _prefix(base_segments, base_len)
+        if head is not None:
+            mine = (*head, (own, len(delta)))
+            self._remember(node_id, mine)
+            self._response(mine, output, attrs, kind)
+        return True
+
+    def _response(self, prompt: tuple[Segment, ...], output: Any, attrs: Mapping[str, Any],
+                  kind: str) -> None:
+        """The prompt + response node (the next call's base), when the output shows it."""
+        out_id = attrs.get(c.CONTENT_OUTPUT_ID)
+        if not isinstance(out_id, str) or out_id in self._nodes:
+            return
+        response = _response_items(output, kind)
+        out_len = _int(attrs.get(c.CONTENT_OUTPUT_LEN))
+        length = sum(n for _, n in prompt)
+        if response is None or length + len(response) != out_len:
+            return  # segments_of reads it from the content store when it is needed
+        uri = self._object(out_id, kind, response)
+        if uri is not None:
+            self._remember(out_id, (*prompt, (uri, len(response))))
+
+
+def _response_items(output: Any, kind: str) -> list[Any] | None:
+    if not isinstance(output, dict):
+        return None
+    keys = ("token_ids", "response_ids") if kind == "tokens" else ("messages",)
+    for key in keys:
+        value = output.get(key)
+        if isinstance(value, list):
+            return value
+    return None
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
