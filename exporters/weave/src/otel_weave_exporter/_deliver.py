@@ -17,6 +17,22 @@ from otel_weave_exporter._encode import batch_body, split_batches
 from otel_weave_exporter._transport import HttpSender
 
 
+@dataclass(frozen=True)
+class SpanDelivery:
+    """What became of each span of one ``export_detailed`` call (indices into its spans).
+
+    The shape otel_verl's durable log reads (``otel_verl.exporters._delivery``): ``rejected``
+    spans were refused for good by the server (their call on its own, as invalid): never retry
+    them; ``retryable`` ones were not delivered for a reason that may pass (server down, 5xx,
+    deadline). Spans dropped by design (``keep_trajectory_spans=False``) count as accepted.
+    """
+
+    accepted: tuple[int, ...] = ()
+    #: (span index, the server's answer, or why the span could not become a call)
+    rejected: tuple[tuple[int, str], ...] = ()
+    retryable: tuple[int, ...] = ()
+
+
 @dataclass
 class Delivery:
     sent: int = 0

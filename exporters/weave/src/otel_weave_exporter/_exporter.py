@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_weave_exporter import _conventions as c
-from otel_weave_exporter._deliver import deliver
+from otel_weave_exporter._deliver import SpanDelivery, deliver
 from otel_weave_exporter._encode import encode_call
 from otel_weave_exporter._spool import Spool
 from otel_weave_exporter._translate import Translator
@@ -295,6 +295,21 @@ class WeaveSpanExporter(SpanExporter):
             _log.exception("otel-weave-exporter: unexpected error in export")
             return SpanExportResult.FAILURE
 
+    def export_detailed(self, spans: Sequence[ReadableSpan]) -> SpanDelivery:
+        """Deliver ``spans`` like :meth:`export`, and say what became of each; never raises.
+
+        For a caller that keeps what was not delivered itself (otel_verl's durable log): nothing
+        is written to this exporter's own spool. A span whose call the server refused on its
+        own as invalid (400/422, or 413 for one call), or that could not be translated, is
+        *rejected* (never worth retrying); what was not sent because the server is down, failed
+        past the deadline, or the exporter is shut down or busy, is *retryable*.
+        """
+        try:
+            return self._export_detailed(spans)
+        except Exception:  # a bug of ours: never into the caller; the caller retries
+            _log.exception("otel-weave-exporter: unexpected error in export_detailed")
+            return SpanDelivery(retryable=tuple(range(len(spans))))
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered between exports; waits (bounded) for an export in flight."""
         if self._lock.acquire(timeout=max(timeout_millis, 0) / 1000.0):
@@ -351,13 +366,50 @@ class WeaveSpanExporter(SpanExporter):
         finally:
             self._lock.release()
 
-    def _encode(self, spans: Sequence[ReadableSpan]) -> tuple[list[bytes], int, int, int]:
+    def _export_detailed(self, spans: Sequence[ReadableSpan]) -> SpanDelivery:
+        every = tuple(range(len(spans)))
+        if self._closed.is_set():
+            self._count(dropped_after_shutdown=len(spans))
+            return SpanDelivery(retryable=every)
+        deadline = time.monotonic() + self.config.timeout_s
+        if not self._lock.acquire(timeout=self.config.timeout_s):
+            self._count(dropped_busy=len(spans))
+            return SpanDelivery(retryable=every)
+        try:
+            owners: list[int] = []
+            bad: list[int] = []
+            parts, truncated, skipped, _ = self._encode(spans, owners, bad)
+            self._count(received=len(spans), truncated=truncated, skipped=skipped,
+                        translate_failed=len(bad))
+            rejected = [(i, "the span could not be translated into a Weave call") for i in bad]
+            done = deliver(self._sender, self.config.path, parts, self.config.max_request_bytes,
+                           deadline) if parts else None
+        finally:
+            self._lock.release()
+        if done is None:
+            unsent = set(bad)
+            return SpanDelivery(accepted=tuple(i for i in every if i not in unsent),
+                                rejected=tuple(rejected))
+        self._count(requests=done.requests, retries=done.retries, delivered=done.sent)
+        owner = {id(part): index for part, index in zip(parts, owners, strict=True)}
+        if len(owner) < len(parts):  # two calls as one object: cannot tell them apart; retry
+            return SpanDelivery(retryable=every)
+        rejected += [(owner[id(part)], error) for part, error in done.rejected]
+        retryable = [owner[id(part)] for part in done.failed]
+        settled = {i for i, _ in rejected} | set(retryable)
+        return SpanDelivery(accepted=tuple(i for i in every if i not in settled),
+                            rejected=tuple(rejected), retryable=tuple(retryable))
+
+    def _encode(self, spans: Sequence[ReadableSpan], owners: list[int] | None = None,
+                failed: list[int] | None = None) -> tuple[list[bytes], int, int, int]:
+        """The calls of ``spans``; with ``owners``, the index of each call's span is appended
+        there (and with ``failed``, the index of each span that could not be translated)."""
         tr = self._translator
         tr.begin_batch(spans)
         max_call = self.config.max_call_bytes
         parts: list[bytes] = []
         truncated = skipped = bad = 0
-        for span in spans:
+        for index, span in enumerate(spans):
             try:
                 call = tr.translate(span)
                 if call is None:
@@ -366,10 +418,14 @@ class WeaveSpanExporter(SpanExporter):
                 data, cut = encode_call(call, max_call)
             except Exception:
                 bad += 1
+                if failed is not None:
+                    failed.append(index)
                 _log.exception("otel-weave-exporter: could not translate span %r", span.name)
                 continue
             truncated += cut
             parts.append(data)
+            if owners is not None:
+                owners.append(index)
         return parts, truncated, skipped, bad
 
     def _deliver(self, parts: list[bytes], deadline: float) -> SpanExportResult:
