@@ -469,13 +469,18 @@ def flush_all(timeout_s: float = 10.0) -> bool:
     return all([store.flush(timeout_s) for store in list(_STORES.values())])
 
 
-def close_all(timeout_s: float = 5.0) -> None:
-    """Write out and close every content store; the next put opens a new file (a new run)."""
+def close_all(timeout_s: float = 5.0) -> dict[str, int]:
+    """Write out and close every content store (the next put opens a new file: a new run);
+    returns their counters, summed."""
     with _STORES_LOCK:
         stores = list(_STORES.values())
         _STORES.clear()
+    total: dict[str, int] = {}
     for store in stores:
         store.close(timeout_s)
+        for key, value in store.stats().items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def stats_all() -> dict[str, int]:

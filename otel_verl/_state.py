@@ -105,7 +105,9 @@ class Runtime:
             stats = getattr(part, "stats", None)
             if callable(stats):
                 counts.update(stats())
-        counts.update(_content.stats_all())  # the content store (docs/content.md)
+        # the content store (docs/content.md): live, or as it was when this runtime shut down
+        final = getattr(self, "content_counts", None)
+        counts.update(final if final is not None else _content.stats_all())
         return counts
 
     def shutdown(self, timeout_s: float) -> bool:
@@ -117,7 +119,8 @@ class Runtime:
         except Exception as exc:
             _errors.internal_error(exc, "shutdown")
             done = False
-        _content.close_all(half_ms / 1000.0 if half_ms != float("inf") else 30.0)
+        self.content_counts = _content.close_all(
+            half_ms / 1000.0 if half_ms != float("inf") else 30.0)
         self.report_losses()
         return done
 
