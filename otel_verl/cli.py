@@ -9,6 +9,8 @@ Usage::
     otel-verl traces replay SPOOL_DIR [--to otlp|weave|console] [--endpoint URL]
                             [--protocol grpc|http/protobuf] [--project P]
                             [--max-request-bytes N] [--remove]
+    otel-verl sql "SELECT step, avg(reward) FROM trajectories GROUP BY step" [--dir D] [--json]
+    otel-verl compact [--dir D] [--live]      # the store into Parquet segments (docs/lakehouse.md)
     otel-verl demo [ARGS...]        # otel_verl.demo.run (needs the "rollout" extras)
     otel-verl ui [--dir D] [--host 127.0.0.1] [--port 8686]   # the web viewer (docs/ui.md)
     otel-verl report [--dir D] -o FILE.html [--experiment E] [--step N] [--validate]
@@ -17,6 +19,10 @@ Configuration: ``--dir`` (every command; ``--trace-dir`` is an alias) defaults t
 ``$OTEL_VERL_TRACE_DIR``, else ``./otel_verl_traces`` — the same directory ``backend="file"``
 writes to. Reading shows progress on stderr for large stores
 (tqdm when installed); ``--progress``/``--no-progress`` force it on or off.
+
+With the ``lake`` extra (duckdb, pyarrow), ``traces list``, ``sql`` and ``compact`` read through
+the query layer (:mod:`otel_verl.store._query`): Parquet segments plus the raw lines not compacted
+yet; a store with more than 32 MiB of closed, not compacted files is compacted first.
 
 Exit status: 0 success, 1 nothing to show (no store, no matching trace), 2 usage error.
 """
@@ -48,6 +54,7 @@ from otel_verl.store import (
     sampling_reports,
     step_statistics,
 )
+from otel_verl.store._content import ContentIndex, turn_prompts
 
 __all__ = ["main"]
 
@@ -314,7 +321,182 @@ def _tree_json(node: SpanNode) -> dict[str, Any]:
 # --- commands -----------------------------------------------------------------------------------
 
 
+def _open_lake(args: argparse.Namespace) -> Any:
+    """The store through the query layer, or None (no lake extra, or ``--dir`` is one file).
+
+    Compacts closed files first when more than ``PROGRESS_MIN_BYTES`` of them are not compacted
+    yet and the store is writable (with progress on stderr)."""
+    if not os.path.isdir(args.dir):
+        return None
+    try:
+        from otel_verl.store._compact import compact, main_progress, pending_bytes
+        from otel_verl.store._query import Lake
+    except ImportError:
+        return None
+    closed, live = pending_bytes(args.dir)
+    wanted = getattr(args, "progress", None)
+    if closed >= PROGRESS_MIN_BYTES and os.access(args.dir, os.W_OK):
+        show = wanted if wanted is not None else sys.stderr.isatty()
+        stats = compact(args.dir, progress=main_progress(sys.stderr) if show else None)
+        if stats.spans:
+            print(f"otel-verl: compacted {stats.bytes >> 20} MiB ({stats.spans} spans) into "
+                  f"{stats.segments} segment(s) in {stats.seconds:.1f}s", file=sys.stderr)
+        closed, live = pending_bytes(args.dir)
+    raw = closed + live
+    show = wanted if wanted is not None else raw >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+    progress = _Progress(raw, sys.stderr) if show else None
+    try:
+        lake = Lake.open(args.dir, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    state = lake.state
+    if state.truncated_lines or state.bad_lines or state.bad_spans:
+        print(f"otel-verl: skipped {state.truncated_lines} truncated line(s) (a writer crashed "
+              f"or is still writing), {state.bad_lines} bad line(s), {state.bad_spans} bad "
+              f"span(s); first: {state.problems[0] if state.problems else '-'}", file=sys.stderr)
+    return lake
+
+
+_LIST_SQL = """
+SELECT trace_id, nullif(span_id, '') AS span_id, name, experiment, step, sample_index,
+       rollout_n, validate, reward, turns, spans, start_ns, duration_ns, status, errors,
+       sampling_reason, CASE WHEN span_id = '' THEN 1.0 ELSE weight END AS sampling_weight
+FROM trajectories {where} ORDER BY coalesce(start_ns, 0), trace_id"""
+
+
+def _lake_list(args: argparse.Namespace, lake: Any) -> int:
+    """``traces list`` through the query layer (the same rows as the trajectory model's)."""
+    out = sys.stdout
+    clauses, params = [], []
+    for column, value in (("step", args.step), ("sample_index", args.sample_index),
+                          ("rollout_n", args.rollout_n), ("experiment", args.experiment),
+                          ("validate", args.validate)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if args.steps:
+        steps = [s for s in lake.steps(args.experiment)
+                 if (args.validate is None or bool(s["validate"]) == args.validate)
+                 and (args.step is None or s["step"] == args.step)]
+        if args.json:
+            _dump_json([{k: s.get(k) for k in _STEP_FIELDS} for s in steps], out)
+            return 0
+        _table(_step_rows([(s["experiment"], s["step"], s["validate"], s.get("traced", 0),
+                            s.get("by_reason") or {}, s.get("estimated") or 0.0, s.get("ran"),
+                            s.get("dropped"), s.get("reward_mean"),
+                            s.get("reward_mean_unweighted"), s.get("error_rate"))
+                           for s in steps]), out)
+        return 0
+    rows = lake.rows(_LIST_SQL.format(where=("WHERE " + " AND ".join(clauses)) if clauses
+                                      else ""), params)
+    if args.json:
+        _dump_json(rows, out)
+        return 0
+    if not rows:
+        total = lake.rows("SELECT count(*) AS n FROM trajectories")[0]["n"]
+        print(f"otel-verl: no trajectories match under {args.dir} ({total} in the store)",
+              file=sys.stderr)
+        return 0
+    table = [["TRACE", "EXPERIMENT", "STEP", "SAMPLE", "ROLLOUT", "VALIDATE", "REWARD", "TURNS",
+              "SPANS", "DURATION", "STATUS"]]
+    width = _unique_prefix_length([r["trace_id"] for r in rows])
+    for r in rows:
+        table.append([r["trace_id"][:width], _cell(r["experiment"]), _cell(r["step"]),
+                      _cell(r["sample_index"]), _cell(r["rollout_n"]), _cell(r["validate"]),
+                      _cell(r["reward"]), _cell(r["turns"]), str(r["spans"]),
+                      _duration(r["duration_ns"]),
+                      f"error({r['errors']})" if r["errors"] else r["status"]])
+    _table(table, out)
+    return 0
+
+
+_STEP_FIELDS = ("experiment", "validate", "step", "traced", "by_reason", "estimated",
+                "reward_mean", "reward_mean_unweighted", "error_rate", "ran", "dropped")
+
+
+def _step_rows(steps: list[tuple[Any, ...]]) -> list[list[str]]:
+    rows = [["EXPERIMENT", "STEP", "VALIDATE", "TRACED", "REASONS", "EST. RAN", "RAN",
+             "DROPPED", "REWARD (WEIGHTED)", "REWARD (TRACED)", "ERRORS (WEIGHTED)"]]
+    for (experiment, step, validate, traced, by_reason, estimated, ran, dropped, reward_mean,
+         reward_mean_unweighted, error_rate) in steps:
+        rows.append([
+            _cell(experiment), _cell(step), _cell(validate), str(traced),
+            ",".join(f"{k}={v}" for k, v in sorted(by_reason.items())) or "-",
+            f"{estimated:.1f}", _cell(ran), _cell(dropped),
+            "-" if reward_mean is None else f"{reward_mean:.4f}",
+            "-" if reward_mean_unweighted is None else f"{reward_mean_unweighted:.4f}",
+            "-" if error_rate is None else f"{error_rate:.1%}",
+        ])
+    return rows
+
+
+def _cmd_sql(args: argparse.Namespace) -> int:
+    try:
+        import duckdb
+    except ImportError:
+        print("otel-verl sql: needs the lake extra (pip install 'otel-verl[lake]')",
+              file=sys.stderr)
+        return 2
+    if not os.path.isdir(args.dir):
+        print(f"otel-verl: no traces at {args.dir} (set --dir or ${ENV_TRACE_DIR})",
+              file=sys.stderr)
+        return 1
+    lake = _open_lake(args)
+    try:
+        rows = lake.rows(args.query)
+    except duckdb.Error as error:
+        print(f"otel-verl sql: {error}", file=sys.stderr)
+        return 2
+    finally:
+        lake.close()
+    if args.json:
+        _dump_json(rows, sys.stdout)
+        return 0
+    if not rows:
+        print("(no rows)", file=sys.stderr)
+        return 0
+    names = list(rows[0])
+    _table([names, *[[_cell(r[n]) for n in names] for r in rows]], sys.stdout)
+    return 0
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    try:
+        from otel_verl.store._compact import compact, main_progress
+    except ImportError:
+        print("otel-verl compact: needs the lake extra (pip install 'otel-verl[lake]')",
+              file=sys.stderr)
+        return 2
+    if not os.path.isdir(args.dir):
+        print(f"otel-verl: no traces at {args.dir} (set --dir or ${ENV_TRACE_DIR})",
+              file=sys.stderr)
+        return 1
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    stats = compact(args.dir, live_bytes=0 if args.live else 64 << 20,
+                    progress=main_progress(sys.stderr) if show else None)
+    if stats.busy:
+        print("otel-verl compact: another compaction is running on this store", file=sys.stderr)
+        return 1
+    summary = {"files": stats.files, "bytes": stats.bytes, "spans": stats.spans,
+               "segments": stats.segments, "live_files_left_raw": stats.skipped_live,
+               "seconds": round(stats.seconds, 3)}
+    if args.json:
+        _dump_json(summary, sys.stdout)
+    else:
+        print(f"otel-verl compact: {stats.spans} span(s) from {stats.files} file(s) "
+              f"({stats.bytes >> 20} MiB) into {stats.segments} segment(s) in "
+              f"{stats.seconds:.1f}s; {stats.skipped_live} live file(s) left raw", file=sys.stderr)
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
+    lake = _open_lake(args)
+    if lake is not None:
+        try:
+            return _lake_list(args, lake)
+        finally:
+            lake.close()
     reports: dict[Any, Any] = {}
     loaded = _load(args, reports if args.steps else None)
     if loaded is None:
@@ -419,11 +601,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
     chosen = [t for t in trajectories if t.trace_id == trace_id]
     out = sys.stdout
     if args.json:
+        content = ContentIndex.load(args.dir) if args.full else None
         _dump_json(
             {
                 "trace_id": trace_id,
                 "trajectories": [
-                    {**t.summary(), "tree": [_tree_json(node) for node in t.tree]} for t in chosen
+                    {**t.summary(), "tree": [_tree_json(node) for node in t.tree],
+                     # --full: every LLM call's whole prompt as sent (docs/content.md)
+                     **({"prompts": turn_prompts(t.spans, content)} if content is not None else {})}
+                    for t in chosen
                 ],
             },
             out,
@@ -711,7 +897,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-verl", description="OpenTelemetry tracing for RL rollouts: the local store."
     )
-    commands = parser.add_subparsers(dest="command", metavar="{traces,ui,report,demo}")
+    commands = parser.add_subparsers(dest="command", metavar="{traces,ui,report,sql,compact,demo}")
     traces = commands.add_parser("traces", help="list and show trajectories in the local store")
     traces_commands = traces.add_subparsers(dest="traces_command", metavar="{list,show,compare,replay}")
 
@@ -776,6 +962,19 @@ def _parser() -> argparse.ArgumentParser:
     replay_p.set_defaults(handler=_cmd_replay)
 
     _add_viewer_parsers(commands)
+
+    sql_p = commands.add_parser(
+        "sql", help="SQL over the store's spans / trajectories / steps (the lake extra; "
+        "docs/lakehouse.md)")
+    sql_p.add_argument("query", metavar="QUERY")
+    _add_store_options(sql_p)
+    sql_p.set_defaults(handler=_cmd_sql)
+    compact_p = commands.add_parser(
+        "compact", help="compact the store's closed files into Parquet segments (the lake extra)")
+    _add_store_options(compact_p)
+    compact_p.add_argument("--live", action="store_true",
+                           help="also files still being written (up to their last whole line)")
+    compact_p.set_defaults(handler=_cmd_compact)
     commands.add_parser(
         "demo", help="run the traced rollout demo (otel-verl demo --help for its options)"
     )

@@ -52,7 +52,8 @@ from otel_verl.store import list_files
 from otel_verl.store._record import SpanRecord
 from otel_verl.store._schema import Columns
 
-__all__ = ["SKIP_DIRS", "CompactStats", "Manifest", "compact", "decode_range", "lake_dir"]
+__all__ = ["SKIP_DIRS", "CompactStats", "Manifest", "compact", "decode_range", "lake_dir",
+           "pending_bytes"]
 
 LAKE_DIR = ".otel_verl_lake"
 MANIFEST = "manifest.v1"
@@ -138,8 +139,13 @@ def raw_start(manifest: Manifest, rel: str, path: str, size: int) -> tuple[int, 
 
 
 def decode_range(path: str, start: int, stop: int | None, columns: Columns, source: str,
-                 counts: dict[str, int] | None = None) -> int:
+                 counts: dict[str, int] | None = None,
+                 problems: list[str] | None = None) -> int:
     """Decode the whole lines of ``path`` in ``[start, stop)`` into ``columns``.
+
+    ``counts`` gets ``lines``, ``bad_lines`` (not JSON, not OTLP), ``bad_spans`` and, when
+    ``stop`` is None (to the end), ``truncated_lines`` (a last line without its newline);
+    ``problems`` the first few as ``"file:offset: what"``.
 
     Returns:
         The offset after the last complete line read (where the next read starts).
@@ -150,6 +156,10 @@ def decode_range(path: str, start: int, stop: int | None, columns: Columns, sour
         data = handle.read() if stop is None else handle.read(max(0, stop - start))
     last = data.rfind(b"\n")
     end = start + last + 1 if last >= 0 else start
+    if stop is None and data[last + 1:].strip():
+        counts["truncated_lines"] = counts.get("truncated_lines", 0) + 1
+        if problems is not None and len(problems) < 20:
+            problems.append(f"{path}:{end}: truncated last line")
     pos = 0
     limit = last + 1
     bad: list[str] = []
@@ -161,10 +171,15 @@ def decode_range(path: str, start: int, stop: int | None, columns: Columns, sour
         counts["lines"] = counts.get("lines", 0) + 1
         if not raw.strip():
             continue
+        added = len(columns)
         for span in _spans_of_line(raw, bad):
             columns.add(span, source, offset)
         if bad:
-            counts["bad_spans"] = counts.get("bad_spans", 0) + len(bad)
+            kind = "bad_lines" if bad[0].startswith("line:") and len(columns) == added \
+                else "bad_spans"
+            counts[kind] = counts.get(kind, 0) + (1 if kind == "bad_lines" else len(bad))
+            if problems is not None and len(problems) < 20:
+                problems.append(f"{path}:{offset}: {bad[0].removeprefix('line: ')}"[:300])
             bad.clear()
     return end
 
@@ -172,18 +187,18 @@ def decode_range(path: str, start: int, stop: int | None, columns: Columns, sour
 def _spans_of_line(raw: bytes, bad: list[str]) -> Iterator[SpanRecord]:
     try:
         request = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        bad.append("bad line")
+    except orjson.JSONDecodeError as error:
+        bad.append(f"line: {error}")
         return
     resource_spans = request.get("resourceSpans", request.get("resource_spans")) \
         if isinstance(request, dict) else None
     if not isinstance(resource_spans, list):
-        bad.append("no resourceSpans")
+        bad.append("line: no resourceSpans list")
         return
     try:
         yield from iter_spans(resource_spans, bad.append)  # type: ignore[misc]
     except RecursionError:
-        bad.append("nested too deeply")
+        bad.append("line: nested too deeply")
 
 
 def _part_dir(experiment: Any, step: Any) -> str:
@@ -326,7 +341,7 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
                         break
                     end = decode_range(path, pos, found, columns, source, counts)
                 entry["lines"] += counts.get("lines", 0)
-                entry["bad_spans"] += counts.get("bad_spans", 0)
+                entry["bad_spans"] += counts.get("bad_spans", 0) + counts.get("bad_lines", 0)
                 entry["end"] = end
                 pending[rel] = dict(entry)
                 done += end - pos
@@ -339,8 +354,16 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
             stats.files += 1
         if pending or len(columns):
             commit()
+        if stats.spans or not os.path.exists(_cache_of(lake, manifest.runs)):
+            from otel_verl.store._query import write_trajectory_cache
+
+            write_trajectory_cache(lake, manifest)
     stats.seconds = time.perf_counter() - began
     return stats
+
+
+def _cache_of(lake: str, runs: int) -> str:
+    return os.path.join(lake, "trajectories", f"cache-{runs}.parquet")
 
 
 def _next_line(path: str, start: int, stop: int) -> int | None:
@@ -428,3 +451,26 @@ def main_progress(stream: Any = sys.stderr) -> Callable[[int, int], None]:
             stream.write("\n")
         stream.flush()
     return show
+
+
+def pending_bytes(trace_dir: str | os.PathLike[str], idle_s: float = IDLE_S) -> tuple[int, int]:
+    """``(closed, live)``: bytes of the store not compacted yet, in closed and in live files."""
+    trace_dir = os.path.abspath(os.fspath(trace_dir))
+    manifest = Manifest.load(lake_dir(trace_dir))
+    closed = live = 0
+    now = time.time()
+    for path in list_files(trace_dir):
+        rel = os.path.relpath(path, trace_dir)
+        if rel.startswith(SKIP_DIRS):
+            continue
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue
+        start, _ = raw_start(manifest, rel, path, size)
+        if size > start:
+            if is_closed(path, now, idle_s):
+                closed += size - start
+            else:
+                live += size - start
+    return closed, live

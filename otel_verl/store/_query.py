@@ -50,10 +50,11 @@ viewer and ``otel-verl sql`` give the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +83,7 @@ WITH s AS (
              ELSE concat_ws('|', coalesce(experiment, '~'), coalesce(validate::VARCHAR, '~'),
                             coalesce(step::VARCHAR, '~'), coalesce(sample_index::VARCHAR, '~'),
                             coalesce(rollout_n::VARCHAR, '~')) END AS k
-    FROM spans WHERE NOT is_report),
+    FROM __SOURCE__ WHERE NOT is_report),
 g AS (SELECT TraceId, count(DISTINCT k) AS nk, min(k) AS k1 FROM s GROUP BY TraceId),
 a AS (SELECT s.*, coalesce(s.k, CASE WHEN g.nk = 1 THEN g.k1 WHEN g.nk = 0 THEN '' END) AS tk
       FROM s JOIN g USING (TraceId)),
@@ -150,6 +151,13 @@ SELECT trace_id || ':' || span_id AS key, trace_id, span_id, name, project, expe
 FROM t
 """
 
+
+
+def trajectories_sql(source: str = "spans") -> str:
+    """:data:`TRAJECTORIES_SQL` over another relation of span rows."""
+    return TRAJECTORIES_SQL.replace("__SOURCE__", source)
+
+
 #: the weighted step statistics (the one implementation; docs/sampling.md)
 STEPS_SQL = """
 SELECT experiment, validate, step,
@@ -201,11 +209,73 @@ class LakeState:
     raw_spans: int = 0
     trajectories: int = 0
     bad_spans: int = 0
+    bad_lines: int = 0
+    truncated_lines: int = 0
+    cached: bool = False  # the segments' trajectories came from compaction's cache
     problems: list[str] = field(default_factory=list)
 
 
 def _q(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def cache_path(lake: str, runs: int) -> str:
+    """Where compaction leaves the segments' ``trajectories`` rows for manifest run ``runs``."""
+    return os.path.join(lake, "trajectories", f"cache-{runs}.parquet")
+
+
+def create_views(con: duckdb.DuckDBPyConnection, segments: list[str], payloads: list[str],
+                 excluded: set[str]) -> None:
+    """``segment_spans``, ``spans`` and ``payloads`` over the segments and the registered
+    ``raw_spans_arrow`` / ``raw_payload_arrow`` tables."""
+    where = (f" WHERE source NOT IN ({', '.join(_q(s) for s in sorted(excluded))})"
+             if excluded else "")
+    names = ", ".join(f'"{n}"' for n in SPAN_SCHEMA.names)
+    if segments:
+        files = "[" + ", ".join(_q(s) for s in segments) + "]"
+        con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
+                    f"read_parquet({files}){where}")
+    else:
+        con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
+                    "raw_spans_arrow WHERE false")
+    con.execute(f"CREATE OR REPLACE VIEW spans AS SELECT * FROM segment_spans UNION ALL "
+                f"SELECT {names} FROM raw_spans_arrow")
+    pnames = ", ".join(f'"{n}"' for n in PAYLOAD_SCHEMA.names)
+    if payloads:
+        files = "[" + ", ".join(_q(s) for s in payloads) + "]"
+        con.execute(f"CREATE OR REPLACE VIEW payloads AS SELECT {pnames} FROM "
+                    f"read_parquet({files}) UNION ALL SELECT {pnames} FROM raw_payload_arrow")
+    else:
+        con.execute("CREATE OR REPLACE VIEW payloads AS SELECT * FROM raw_payload_arrow")
+
+
+def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
+    """Compaction's last step: the segments' ``trajectories`` rows, for readers to start from
+    (a reader rebuilds the traces its raw lines touch). Written under a temp name, renamed."""
+    segments = [os.path.join(lake, s) for s in manifest.segments]
+    if not segments:
+        return None
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET enable_progress_bar = false")
+        con.register("raw_spans_arrow", Columns().table())
+        con.register("raw_payload_arrow", Columns().payload_table())
+        create_views(con, segments, [], set(manifest.excluded))
+        final = cache_path(lake, manifest.runs)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = os.path.join(lake, "tmp", f"cache-{os.getpid()}-{manifest.runs}.parquet")
+        con.execute(f"COPY ({trajectories_sql('segment_spans')}) TO {_q(tmp)} "
+                    "(FORMAT parquet, COMPRESSION zstd)")
+    finally:
+        con.close()
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    for name in os.listdir(os.path.dirname(final)):
+        if name != os.path.basename(final):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(os.path.dirname(final), name))
+    return final
 
 
 class Lake:
@@ -225,8 +295,11 @@ class Lake:
         self.state = LakeState()
 
     @classmethod
-    def open(cls, trace_dir: str | os.PathLike[str]) -> Lake:
+    def open(cls, trace_dir: str | os.PathLike[str],
+             progress: Callable[[int], None] | None = None) -> Lake:
         """Open a store (a directory ``backend="file"`` writes, compacted or not).
+
+        ``progress`` is called with the bytes of each raw (not compacted) file read.
 
         Raises:
             FileNotFoundError: ``trace_dir`` does not exist.
@@ -234,7 +307,7 @@ class Lake:
         if not os.path.isdir(trace_dir):
             raise FileNotFoundError(f"no trace directory at {trace_dir}")
         lake = cls(trace_dir)
-        lake.refresh()
+        lake.refresh(progress)
         return lake
 
     def close(self) -> None:
@@ -249,7 +322,7 @@ class Lake:
 
     # --- loading ------------------------------------------------------------------------------
 
-    def refresh(self) -> LakeState:
+    def refresh(self, progress: Callable[[int], None] | None = None) -> LakeState:
         """Re-read the manifest and the raw lines not compacted; rebuild ``trajectories``."""
         with self._lock:
             manifest = Manifest.load(self.lake_dir)
@@ -275,10 +348,14 @@ class Lake:
                 state.raw_bytes += size - start
                 try:
                     decode_range(path, start, None, columns, Manifest.source_id(rel, gen),
-                                 counts)
+                                 counts, state.problems)
                 except OSError as error:
                     state.problems.append(f"{rel}: {error}")
+                if progress is not None:
+                    progress(size - start)
             state.bad_spans = counts.get("bad_spans", 0)
+            state.bad_lines = counts.get("bad_lines", 0)
+            state.truncated_lines = counts.get("truncated_lines", 0)
             raw = columns.table()
             raw_payload = columns.payload_table()
             state.raw_spans = raw.num_rows
@@ -289,27 +366,22 @@ class Lake:
             payloads = [os.path.join(self.lake_dir, s) for s in manifest.payloads]
             self._segments = segments
             state.segments = len(segments)
-            where = (f" WHERE source NOT IN ({', '.join(_q(s) for s in sorted(excluded))})"
-                     if excluded else "")
-            names = ", ".join(f'"{n}"' for n in SPAN_SCHEMA.names)
-            if segments:
-                files = "[" + ", ".join(_q(s) for s in segments) + "]"
-                con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
-                            f"read_parquet({files}){where}")
+            create_views(con, segments, payloads, excluded)
+            cache = cache_path(self.lake_dir, manifest.runs)
+            if segments and excluded == set(manifest.excluded) and os.path.exists(cache):
+                # the segments' trajectories as compaction left them; the traces the raw
+                # lines touch are built again from all their spans
+                con.execute("CREATE OR REPLACE TEMP TABLE raw_traces AS "
+                            "SELECT DISTINCT TraceId FROM raw_spans_arrow")
+                con.execute("CREATE OR REPLACE TEMP VIEW touched_spans AS SELECT * FROM spans "
+                            "WHERE TraceId IN (SELECT TraceId FROM raw_traces)")
+                con.execute(
+                    f"CREATE OR REPLACE TABLE trajectories AS SELECT * FROM read_parquet({_q(cache)}) "
+                    "WHERE trace_id NOT IN (SELECT TraceId FROM raw_traces) UNION ALL "
+                    f"SELECT * FROM ({trajectories_sql('touched_spans')})")
+                state.cached = True
             else:
-                con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
-                            "raw_spans_arrow WHERE false")
-            con.execute(f"CREATE OR REPLACE VIEW spans AS SELECT * FROM segment_spans UNION ALL "
-                        f"SELECT {names} FROM raw_spans_arrow")
-            pnames = ", ".join(f'"{n}"' for n in PAYLOAD_SCHEMA.names)
-            if payloads:
-                files = "[" + ", ".join(_q(s) for s in payloads) + "]"
-                con.execute(f"CREATE OR REPLACE VIEW payloads AS SELECT {pnames} FROM "
-                            f"read_parquet({files}) UNION ALL SELECT {pnames} FROM "
-                            "raw_payload_arrow")
-            else:
-                con.execute("CREATE OR REPLACE VIEW payloads AS SELECT * FROM raw_payload_arrow")
-            con.execute(f"CREATE OR REPLACE TABLE trajectories AS {TRAJECTORIES_SQL}")
+                con.execute(f"CREATE OR REPLACE TABLE trajectories AS {trajectories_sql()}")
             con.execute(f"CREATE OR REPLACE VIEW steps AS {STEPS_SQL}")
             state.segment_rows = con.execute("SELECT count(*) FROM segment_spans").fetchall()[0][0]
             state.trajectories = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -184,13 +185,13 @@ def test_step_statistics_match_the_model_and_the_index(tmp_path_factory: Any, se
         _assert_same(lake.steps(), index, _INDEX_FIELDS)
         compact(store, live_bytes=0, chunk_spans=50)
         lake.refresh()
-        assert lake.state.raw_spans == 0 and lake.state.segments > 0
+        assert lake.state.raw_spans == 0 and lake.state.segments > 0 and lake.state.cached
         _assert_same(lake.steps(), model, _MODEL_FIELDS)
         _assert_same(lake.steps(), index, _INDEX_FIELDS)
         write_store(store, seed + 1, steps=4, files=files, base=10_000)  # appended: raw tails after segments
         model, index = _model_steps(store), _index_steps(store, tmp / "again")
         lake.refresh()
-        assert lake.state.raw_spans > 0 and lake.state.segment_rows > 0
+        assert lake.state.raw_spans > 0 and lake.state.segment_rows > 0 and lake.state.cached
         _assert_same(lake.steps(), model, _MODEL_FIELDS)
         _assert_same(lake.steps(), index, _INDEX_FIELDS)
 
@@ -297,3 +298,25 @@ def test_hostile_lines_read_without_crashing(tmp_path: Path) -> None:
             lake.flat_groups()
             for r in rows:
                 lake.trajectory(r["trace_id"])
+
+
+def test_trajectories_split_between_segments_and_raw_lines(tmp_path: Path) -> None:
+    """A trace whose first lines were compacted and whose last ones are still raw (its
+    trajectory span arrives after compaction) is one trajectory with all its numbers."""
+    write_store(tmp_path / "whole", 11, files=1)
+    (whole,) = (tmp_path / "whole").glob("*.jsonl")
+    lines = whole.read_bytes().splitlines(keepends=True)
+    store = tmp_path / "store"
+    store.mkdir()
+    target = store / whole.name
+    for cut in (len(lines) // 3, 2 * len(lines) // 3):
+        target.write_bytes(b"".join(lines[:cut]))
+        compact(store, live_bytes=0)
+        target.write_bytes(b"".join(lines))
+        model = _model_steps(store)
+        with Lake.open(store) as lake:
+            assert lake.state.cached and lake.state.raw_spans > 0
+            _assert_same(lake.steps(), model, _MODEL_FIELDS)
+            assert lake.trajectories(limit=0)["total"] == len(
+                group_trajectories(read_spans(store)))
+        shutil.rmtree(lake_dir(store))
