@@ -341,7 +341,9 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
                         break
                     end = decode_range(path, pos, found, columns, source, counts)
                 entry["lines"] += counts.get("lines", 0)
-                entry["bad_spans"] += counts.get("bad_spans", 0) + counts.get("bad_lines", 0)
+                entry["bad_spans"] += counts.get("bad_spans", 0)
+                # kept apart (the viewer's banner counts lines and spans separately)
+                entry["bad_lines"] = entry.get("bad_lines", 0) + counts.get("bad_lines", 0)
                 entry["end"] = end
                 pending[rel] = dict(entry)
                 done += end - pos
