@@ -28,7 +28,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, semconv
 from otel_verl._capture import (
@@ -76,12 +76,14 @@ class _OpSpec:
     """What one decorated function needs at call time (picklable: no closures, no locks)."""
 
     __slots__ = ("fn", "name", "kind", "capture_input", "capture_output", "names", "has_self",
-                 "defaults", "simple", "signature", "before", "after")
+                 "defaults", "simple", "signature", "before", "after", "span_kind")
 
     def __init__(self, fn: Callable[..., Any], name: str | None, kind: str | None,
                  capture_input: bool, capture_output: bool, before: BeforeHook | None = None,
-                 after: AfterHook | None = None) -> None:
+                 after: AfterHook | None = None,
+                 span_kind: SpanKind = SpanKind.INTERNAL) -> None:
         self.fn = fn
+        self.span_kind = span_kind
         self.name: str = fix_surrogates(
             name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "op"))))
         self.kind = kind if kind is not None else default_kind(fn)
@@ -103,6 +105,7 @@ class _OpSpec:
         return {slot: getattr(self, slot) for slot in self.__slots__ if slot != "signature"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.span_kind = SpanKind.INTERNAL  # a spec pickled before span_kind existed
         for key, value in state.items():
             setattr(self, key, value)
         try:
@@ -176,7 +179,7 @@ class _OpCall:
             if outcome is not None:
                 outcome.op_started(spec.name, attrs.get(semconv.INPUT_VALUE),
                                    spec.kind == semconv.SpanKindName.AGENT)
-            span = runtime.tracer.start_span(spec.name, attributes=attrs)
+            span = runtime.tracer.start_span(spec.name, kind=spec.span_kind, attributes=attrs)
             token = otel_context.attach(otel_trace.set_span_in_context(span))
         except Exception as exc:
             _errors.internal_error(exc, f"starting span {spec.name}")
@@ -401,21 +404,24 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 def rollout_trace_op(func: Callable[P, R], /, *, name: str | None = None,
                      kind: str | None = None, capture_input: bool = True,
                      capture_output: bool = True, before: BeforeHook | None = None,
-                     after: AfterHook | None = None) -> Callable[P, R]: ...
+                     after: AfterHook | None = None,
+                     span_kind: SpanKind = SpanKind.INTERNAL) -> Callable[P, R]: ...
 
 
 @overload
 def rollout_trace_op(func: None = None, /, *, name: str | None = None,
                      kind: str | None = None, capture_input: bool = True,
                      capture_output: bool = True, before: BeforeHook | None = None,
-                     after: AfterHook | None = None
+                     after: AfterHook | None = None,
+                     span_kind: SpanKind = SpanKind.INTERNAL
                      ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 def rollout_trace_op(func: Callable[..., Any] | None = None, /, *, name: str | None = None,
                      kind: str | None = None, capture_input: bool = True,
                      capture_output: bool = True, before: BeforeHook | None = None,
-                     after: AfterHook | None = None) -> Any:
+                     after: AfterHook | None = None,
+                     span_kind: SpanKind = SpanKind.INTERNAL) -> Any:
     """Trace a function or method as one span (sync, async, generator or async generator).
 
     Bare (``@rollout_trace_op``, as in verl), with options (``@rollout_trace_op(kind=...)``), or
@@ -431,6 +437,8 @@ def rollout_trace_op(func: Callable[..., Any] | None = None, /, *, name: str | N
         capture_output: record the return value as ``output.value``.
         before: ``before(owner, kwargs)`` inside the span, before the call (see ``BeforeHook``).
         after: ``after(result)`` inside the span, after a successful sync or async call.
+        span_kind: the OpenTelemetry span kind; ``SpanKind.CLIENT`` for a call to a remote
+            service whose span the service continues (an LLM client's ``generate``).
 
     Returns:
         The wrapped function; with tracing off or silenced it calls straight through (hooks too
@@ -438,7 +446,7 @@ def rollout_trace_op(func: Callable[..., Any] | None = None, /, *, name: str | N
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        spec = _OpSpec(fn, name, kind, capture_input, capture_output, before, after)
+        spec = _OpSpec(fn, name, kind, capture_input, capture_output, before, after, span_kind)
         if inspect.isasyncgenfunction(fn):
             return _async_gen_wrapper(spec)
         if inspect.iscoroutinefunction(fn):

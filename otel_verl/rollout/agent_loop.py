@@ -14,7 +14,7 @@ GENERATING ... -> TERMINATED, on: no tool call in the model's turn, ``max_assist
 ``max_user_turns`` reached, or the response reaching ``max_response_length`` tokens.
 
 Spans (all inside the caller's trajectory): ``ToolAgentLoop.run`` -> per turn the client's
-``generate`` (with its GenAI ``chat {model}`` child, parent of the engine's request span) ->
+``generate`` (one span with the GenAI ``chat`` attributes, parent of the engine's request span) ->
 ``HermesToolParser.extract_tool_calls`` -> ``BaseTool.execute`` per call -> the reward
 (``Gsm8kReward.compute_score``), computed inside ``run`` so the score is in the trace.
 ``run`` is the GenAI ``invoke_agent`` operation (``gen_ai.agent.name`` = ``agent_name``,

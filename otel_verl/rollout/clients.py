@@ -20,17 +20,21 @@ class                      endpoint                                    trace con
 ``OpenAIChatClient``       ``/v1/chat/completions`` (vLLM or SGLang)   ``traceparent`` header
 =========================  ==========================================  ============================
 
-Tracing per call: the ``generate``/``chat`` method is a ``rollout_trace_op`` (verl traces its LLM
-client's ``generate`` the same way) and, inside it, a GenAI ``chat {model}`` span of kind CLIENT
-(``gen_ai.request.*`` sampling parameters, ``gen_ai.usage.*``, ``gen_ai.response.finish_reasons``,
-``openinference.span.kind = LLM``). The request is sent while that span is current, so the
-engine's own request span (vLLM ``llm_request``) becomes its child, in the trajectory's trace.
-With payload capture on (``capture_payloads``, the default), the chat span also carries
-``gen_ai.input.messages`` / ``gen_ai.output.messages`` in the GenAI JSON message format
-(``{"role", "parts": [{"type": "text"|"tool_call"|"tool_call_response", ...}]}``), through the
-same caps and redaction as ``input.value``. A token-in client sees only token ids: the caller
-names the conversation it continues with ``with chat_messages(messages): await client.generate(...)``
-(``ToolAgentLoop`` does), and the output text is the engine's text or the tokenizer's decoding.
+Tracing per call: one span per LLM call. The ``generate``/``chat`` method is a
+``rollout_trace_op`` (verl traces its LLM client's ``generate`` the same way) of kind LLM and span
+kind CLIENT, and that one span also carries the GenAI client attributes (``gen_ai.operation.name =
+chat``, ``gen_ai.request.*`` sampling parameters, ``gen_ai.usage.*``,
+``gen_ai.response.finish_reasons``, ``gen_ai.conversation.id``): the op's ``input.value`` /
+``output.value`` and the GenAI view of the same call, side by side. The request is sent while that
+span is current, so the engine's own request span (vLLM ``llm_request``) becomes its child, in the
+trajectory's trace (before issue 18 a separate ``chat {model}`` child span carried the GenAI
+attributes: two spans per call). With payload capture on (``capture_payloads``, the default), the
+span also carries ``gen_ai.input.messages`` / ``gen_ai.output.messages`` in the GenAI JSON
+message format (``{"role", "parts": [{"type": "text"|"tool_call"|"tool_call_response", ...}]}``),
+through the same caps and redaction as ``input.value``. A token-in client sees only token ids: the
+caller names the conversation it continues with
+``with chat_messages(messages): await client.generate(...)`` (``ToolAgentLoop`` does), and the
+output text is the engine's text or the tokenizer's decoding.
 
 ``sampling_params`` keys understood (verl's names; unknown keys are ignored): ``max_tokens`` (or
 ``max_new_tokens``), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``,
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, SpanKind
 
 import otel_verl
@@ -185,7 +190,7 @@ def _max_tokens(sp: Mapping[str, Any]) -> int | None:
 
 
 class AsyncLLMClient:
-    """Base: connection pool, the GenAI span around each request, the trace headers.
+    """Base: connection pool, the GenAI attributes of each request's span, the trace headers.
 
     Args:
         base_url: the engine's address, e.g. ``http://127.0.0.1:8000``.
@@ -244,43 +249,38 @@ class AsyncLLMClient:
         await self.aclose()
 
     # -- tracing helpers -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _chat_span(self, sp: Mapping[str, Any], conversation_id: str | None,
-                   messages: Sequence[Mapping[str, Any]] | None = None) -> Iterator[Span]:
-        """The GenAI ``chat {model}`` CLIENT span; current while the request is sent.
+    def _llm_request(self, sp: Mapping[str, Any], conversation_id: str | None,
+                     messages: Sequence[Mapping[str, Any]] | None = None) -> Span | None:
+        """The GenAI request attributes on the call's own span (the ``generate``/``chat`` op,
+        current here); None when nothing is recorded.
 
         ``messages`` (or, for token-in clients, the ones named by ``chat_messages``) become
         ``gen_ai.input.messages`` when payloads are captured.
         """
-        attrs: dict[str, Any] = {}
-        if otel_verl.is_recording():
-            attrs = {
-                semconv.GEN_AI_OPERATION_NAME: GenAIOperation.CHAT,
-                semconv.GEN_AI_PROVIDER_NAME: self.provider,
-                semconv.GEN_AI_REQUEST_MODEL: self.model,
-                semconv.OPENINFERENCE_SPAN_KIND: SpanKindName.LLM,
-            }
-            attrs.update(semconv.genai_request_attributes(sp))
-            if conversation_id:
-                attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
-            if messages is None:
-                messages = _TURN_MESSAGES.get()
-            if messages is not None and _capturing():
-                attrs[semconv.GEN_AI_INPUT_MESSAGES] = otel_verl.payload_json(
-                    genai_input_messages(messages))
-        tracer = otel_verl.get_tracer()
-        with tracer.start_as_current_span(
-            f"{GenAIOperation.CHAT} {self.model}",
-            kind=SpanKind.CLIENT,
-            attributes=attrs,
-            record_exception=True,
-            set_status_on_exception=True,
-        ) as span:
-            yield span
+        if not otel_verl.is_recording():
+            return None
+        span = otel_trace.get_current_span()
+        if not span.is_recording():
+            return None
+        attrs: dict[str, Any] = {
+            semconv.GEN_AI_OPERATION_NAME: GenAIOperation.CHAT,
+            semconv.GEN_AI_PROVIDER_NAME: self.provider,
+            semconv.GEN_AI_REQUEST_MODEL: self.model,
+        }
+        attrs.update(semconv.genai_request_attributes(sp))
+        if conversation_id:
+            attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation_id
+        if messages is None:
+            messages = _TURN_MESSAGES.get()
+        if messages is not None and _capturing():
+            attrs[semconv.GEN_AI_INPUT_MESSAGES] = otel_verl.payload_json(
+                genai_input_messages(messages))
+        span.set_attributes(attrs)
+        return span
 
     @staticmethod
     def _finish_span(
-        span: Span,
+        span: Span | None,
         *,
         finish_reason: str | None,
         prompt_tokens: int | None,
@@ -290,7 +290,7 @@ class AsyncLLMClient:
         output_text: str | None = None,
         tool_calls: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        if not span.is_recording():
+        if span is None or not span.is_recording():
             return
         attrs: dict[str, Any] = {}
         if (output_text is not None or tool_calls) and _capturing():
@@ -309,7 +309,7 @@ class AsyncLLMClient:
         span.set_attributes(attrs)
 
     def _request_headers(self) -> dict[str, str]:
-        """W3C headers of the current span (the chat span): how the engine joins the trace."""
+        """W3C headers of the current span (the call's span): how the engine joins the trace."""
         return otel_verl.traceparent_headers()
 
     async def _post(
@@ -332,7 +332,7 @@ class AsyncLLMClient:
 class AsyncTokenClient(AsyncLLMClient):
     """Token in, token out: verl's ``generate(request_id, *, prompt_ids, sampling_params)``."""
 
-    @otel_verl.rollout_trace_op(kind=SpanKindName.CHAIN)  # the `chat` span inside is the LLM
+    @otel_verl.rollout_trace_op(kind=SpanKindName.LLM, span_kind=SpanKind.CLIENT)
     async def generate(
         self,
         request_id: str,
@@ -341,10 +341,11 @@ class AsyncTokenClient(AsyncLLMClient):
         sampling_params: dict[str, Any],
     ) -> TokenOutput:
         """Generate a continuation of ``prompt_ids``; ``request_id`` is the trajectory's id."""
-        with self._chat_span(sampling_params, request_id) as span:
-            out = await self._generate(
-                request_id, list(prompt_ids), sampling_params, self._request_headers()
-            )
+        span = self._llm_request(sampling_params, request_id)
+        out = await self._generate(
+            request_id, list(prompt_ids), sampling_params, self._request_headers()
+        )
+        if span is not None:
             self._finish_span(
                 span,
                 finish_reason=out.finish_reason,
@@ -550,7 +551,7 @@ class OpenAIChatClient(AsyncLLMClient):
         super().__init__(base_url, model, **kwargs)
         self.provider = provider
 
-    @otel_verl.rollout_trace_op
+    @otel_verl.rollout_trace_op(kind=SpanKindName.LLM, span_kind=SpanKind.CLIENT)
     async def chat(
         self,
         request_id: str,
@@ -578,31 +579,31 @@ class OpenAIChatClient(AsyncLLMClient):
             body["tool_choice"] = sampling_params.get("tool_choice", "auto")
         if so and self.provider != "sglang":
             body["structured_outputs"] = dict(so)
-        with self._chat_span(sampling_params, request_id, messages) as span:
-            data = await self._post("/v1/chat/completions", body, self._request_headers())
-            try:
-                choice = data["choices"][0]
-                message = choice["message"]
-            except (KeyError, IndexError, TypeError) as exc:
-                raise EngineError(f"chat answer without choices[0].message: {exc!r}") from exc
-            usage = data.get("usage") or {}
-            out = ChatOutput(
-                content=message.get("content") or "",
-                tool_calls=list(message.get("tool_calls") or []),
-                finish_reason=choice.get("finish_reason"),
-                prompt_tokens=usage.get("prompt_tokens"),
-                completion_tokens=usage.get("completion_tokens"),
-                response_id=data.get("id"),
-                token_ids=choice.get("token_ids"),
-            )
-            self._finish_span(
-                span,
-                finish_reason=out.finish_reason,
-                prompt_tokens=out.prompt_tokens,
-                completion_tokens=out.completion_tokens,
-                response_id=out.response_id,
-                response_model=data.get("model"),
-                output_text=out.content,
-                tool_calls=out.tool_calls,
-            )
+        span = self._llm_request(sampling_params, request_id, messages)
+        data = await self._post("/v1/chat/completions", body, self._request_headers())
+        try:
+            choice = data["choices"][0]
+            message = choice["message"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise EngineError(f"chat answer without choices[0].message: {exc!r}") from exc
+        usage = data.get("usage") or {}
+        out = ChatOutput(
+            content=message.get("content") or "",
+            tool_calls=list(message.get("tool_calls") or []),
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            response_id=data.get("id"),
+            token_ids=choice.get("token_ids"),
+        )
+        self._finish_span(
+            span,
+            finish_reason=out.finish_reason,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            response_id=out.response_id,
+            response_model=data.get("model"),
+            output_text=out.content,
+            tool_calls=out.tool_calls,
+        )
         return out

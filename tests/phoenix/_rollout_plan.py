@@ -45,10 +45,10 @@ class Trajectory:
 
     @property
     def span_kinds(self) -> dict[str, int]:
-        """Spans per OpenInference kind: per turn generate (CHAIN) + chat (LLM) + parser
-        (CHAIN); per tool call one TOOL; the run (CHAIN), the reward, the trajectory."""
+        """Spans per OpenInference kind: per turn generate (LLM, with the GenAI attributes) +
+        parser (CHAIN); per tool call one TOOL; the run (CHAIN), the reward, the trajectory."""
         turns = len(self.script)
-        return {"AGENT": 1, "CHAIN": 1 + 2 * turns, "LLM": turns, "TOOL": self.tool_calls,
+        return {"AGENT": 1, "CHAIN": 1 + turns, "LLM": turns, "TOOL": self.tool_calls,
                 "EVALUATOR": 1}
 
     @property

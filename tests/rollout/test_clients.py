@@ -30,7 +30,13 @@ def stub():
 
 
 def _chat_span(spans):
-    (chat,) = [s for s in spans.get_finished_spans() if s.name.startswith("chat ")]
+    """The one span of the LLM call: the traced ``generate``/``chat`` with the GenAI attributes
+    (no separate ``chat {model}`` child)."""
+    (chat,) = [s for s in spans.get_finished_spans()
+               if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "chat"]
+    assert chat.name.endswith((".generate", ".chat")) and chat.kind.name == "CLIENT"
+    assert chat.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "LLM"
+    assert not [s for s in spans.get_finished_spans() if s.name.startswith("chat ")]
     return chat
 
 
@@ -118,8 +124,8 @@ async def test_openai_chat_client(stub, spans, provider):
     assert chat.attributes[semconv.GEN_AI_CONVERSATION_ID] == "conv-1"
     assert chat.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 11
     assert chat.attributes[semconv.GEN_AI_RESPONSE_MODEL] == "qwen"
-    (op,) = [s for s in spans.get_finished_spans() if s.name == "OpenAIChatClient.chat"]
-    assert chat.parent.span_id == op.context.span_id
+    assert chat.name == "OpenAIChatClient.chat"  # the op's span is the GenAI span
+    assert json.loads(chat.attributes[semconv.INPUT_VALUE])["request_id"] == "conv-1"
     # the GenAI content attributes: the messages sent, the parsed tool call received
     assert json.loads(chat.attributes[semconv.GEN_AI_INPUT_MESSAGES]) == [
         {"role": "user", "parts": [{"type": "text", "content": "2+3?"}]}]

@@ -55,7 +55,7 @@ async def test_profile_span_by_span():
     spans = await _rollout()
     (traj,) = _one(spans, "agent_loop")
     (run,) = _one(spans, "ToolAgentLoop.run")
-    chats = _one(spans, "chat fake-model")
+    chats = _one(spans, "AsyncTokenClient.generate")  # one span per LLM call: op + GenAI
     (tool,) = _one(spans, "BaseTool.execute")
     (reward,) = _one(spans, "Gsm8kReward.compute_score")
     conversation = run.attributes[semconv.GEN_AI_CONVERSATION_ID]
@@ -93,6 +93,11 @@ async def test_profile_span_by_span():
             assert key in span.attributes, (span.name, key)
     assert len(chats) == 2
     assert all(c.kind.name == "CLIENT" for c in chats)
+    assert not [s for s in spans if s.name.startswith("chat ")]  # no second span per call
+    for chat in chats:  # the op's own payloads sit beside the GenAI ones
+        assert json.loads(chat.attributes[semconv.INPUT_VALUE])["prompt_ids"]
+        assert semconv.GEN_AI_INPUT_MESSAGES in chat.attributes
+        assert chat.parent.span_id == run.context.span_id
     assert run.parent.span_id == traj.context.span_id
     assert all(s.context.trace_id == traj.context.trace_id for s in spans)  # one trace
     # usage on every chat span
@@ -108,7 +113,7 @@ async def test_profile_span_by_span():
 
 async def test_chat_messages_follow_the_genai_message_schema():
     spans = await _rollout()
-    first, second = sorted(_one(spans, "chat fake-model"), key=lambda s: s.start_time)
+    first, second = sorted(_one(spans, "AsyncTokenClient.generate"), key=lambda s: s.start_time)
     msgs_in = json.loads(second.attributes[semconv.GEN_AI_INPUT_MESSAGES])
     assert [m["role"] for m in msgs_in] == ["user", "assistant", "tool"]
     assert msgs_in[1]["parts"] == [{"type": "tool_call", "id": "call_0_0", "name": "calculator",
@@ -133,7 +138,7 @@ async def test_no_content_attributes_without_payload_capture():
     (run,) = _one(spans, "ToolAgentLoop.run")
     assert run.attributes[semconv.GEN_AI_OPERATION_NAME] == "invoke_agent"
     assert all(c.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] > 0
-               for c in _one(spans, "chat fake-model"))
+               for c in _one(spans, "AsyncTokenClient.generate"))
 
 
 @pytest.mark.parametrize(("message", "parts"), [

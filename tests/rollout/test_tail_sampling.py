@@ -67,7 +67,7 @@ async def test_agent_loop_head_sample_plus_errors_plus_mixed_groups(tokenizer):
             expected[(mixed, n)] = (R.REWARD_OUTLIER if n == 0 else R.GROUP, 1.0)
             expected[(tool_error, n)] = (R.ERROR if n == 2 else R.GROUP, 1.0)
         assert got == expected  # the truncated rule is off: that group is dropped
-        # every kept trajectory is whole: run, generate + chat per turn, tools, reward
+        # every kept trajectory is whole: run, generate per turn, tools, reward
         names = collections.Counter(
             s.name for s in spans if s.attributes.get(semconv.ROLLOUT_SAMPLE_INDEX) == mixed)
         assert names["ToolAgentLoop.run"] == N and names["Gsm8kReward.compute_score"] == N

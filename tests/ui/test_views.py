@@ -133,8 +133,9 @@ def test_trajectory_conversation_tool_call_reward_and_engine_spans(page, ui, tra
     label = next(e["attributes"][semconv.GEN_AI_EVALUATION_SCORE_LABEL] for s in t.spans
                  for e in s["events"] if e["name"] == semconv.GEN_AI_EVALUATION_RESULT)
     expect(page.get_by_test_id("reward-label")).to_have_text(label)
-    # per-turn usage: the first chat span's token counts
-    chat = next(s for s in t.spans if s["name"].startswith("chat "))
+    # per-turn usage: the first LLM call's token counts (its one span: op + GenAI attributes)
+    chat = next(s for s in t.spans
+                if s["attributes"].get(semconv.GEN_AI_OPERATION_NAME) == "chat")
     expect(page.get_by_test_id("turn-stats").first).to_contain_text(
         f"{chat['attributes'][semconv.GEN_AI_USAGE_INPUT_TOKENS]} tokens in")
     # the waterfall holds every span, the engine's llm_request included (tinted)
