@@ -330,12 +330,16 @@ class ContentStore:
         self._warned = False
 
     def put(self, kind: str, step: Step) -> str:
-        """Store a node once: ``"stored"`` (now or before), or ``"missing"`` (over budget)."""
+        """Store a node once: ``"stored"`` (now or before), or ``"missing"`` (over budget).
+
+        A step that appends nothing is its base (same content, same id): nothing to write."""
         size = len(step.delta_bytes) + 160
         with self._lock:
             if step.id in self._seen:
                 self.counts["content_dedup_hits"] += 1
                 return "stored"
+            if step.id == step.base_id:  # its base was not stored here (over budget)
+                return "missing"
             if self._reserved + size > self.max_bytes:
                 self.counts["content_dropped"] += 1
                 self.counts["content_dropped_bytes"] += size

@@ -47,8 +47,8 @@ def _node_from(record: Mapping[str, Any]) -> _Node | None:
         return None
     if type(delta) is not list or type(length) is not int or type(base_len) is not int:
         return None
-    if base is not None and type(base) is not str:
-        return None
+    if base is not None and (type(base) is not str or base == content_id):
+        return None  # (a prompt equal to its base is its base's node, never its own)
     if length != (base_len if base is not None else 0) + len(delta):
         return None
     return _Node(content_id, kind, length, base, base_len, delta)
