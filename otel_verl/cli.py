@@ -766,28 +766,19 @@ def _cmd_demo(argv: Sequence[str]) -> int:
     return int(result or 0)
 
 
-def _open_index(args: argparse.Namespace) -> Any:
-    """The store's index, brought up to date (None after saying why when there is no store)."""
-    from otel_verl.store._index import StoreIndex
+def _open_index(args: argparse.Namespace, background: bool = False) -> Any:
+    """The viewer's source (the lake with the ``lake`` extra, else the SQLite index), brought up
+    to date (None after saying why when there is no store). ``background``: compact closed files
+    and look for new lines on a thread (``ui``)."""
+    from otel_verl.ui._lake import open_source
 
     if not os.path.exists(args.dir):
         print(f"otel-verl: no traces at {args.dir} (set --dir or ${ENV_TRACE_DIR})",
               file=sys.stderr)
         return None
-    index = StoreIndex(args.dir, args.index)
-    stats = index.update()
-    problems = index.problems()
-    print(f"otel-verl: indexed {stats.new_spans} new span(s) in {stats.seconds:.1f}s; "
-          f"{problems['trajectories']} trajectories, {problems['spans']} spans "
-          f"(index: {index.path})", file=sys.stderr)
-    skipped = [f"{problems[k]} {label}" for k, label in (
-        ("bad_lines", "bad line(s)"), ("bad_spans", "bad span(s)"),
-        ("files_with_incomplete_last_line", "file(s) ending in an incomplete line"),
-        ("partial_trajectories", "trace(s) without a trajectory span (shown as partial)"))
-        if problems[k]]
-    if skipped:
-        print("otel-verl: " + ", ".join(skipped), file=sys.stderr)
-    return index
+    return open_source(args.dir, args.index, background=background,
+                       poll_s=getattr(args, "poll", 1.0),
+                       say=lambda text: print(text, file=sys.stderr, flush=True))
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -796,7 +787,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def _cmd_ui(args: argparse.Namespace) -> int:
     from otel_verl.ui.server import serve
 
-    index = _open_index(args)
+    index = _open_index(args, background=True)
     if index is None:
         return 1
     if args.host not in _LOOPBACK:

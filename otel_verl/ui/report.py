@@ -13,10 +13,9 @@ import datetime as _dt
 import os
 from typing import Any
 
-from otel_verl.store._index import StoreIndex
 from otel_verl.ui import assets
 from otel_verl.ui.server import dumps
-from otel_verl.ui.views import overview_view, trajectory_view
+from otel_verl.ui.views import Source, overview_view, trajectory_view
 
 __all__ = ["build_report_data", "write_report"]
 
@@ -24,7 +23,7 @@ __all__ = ["build_report_data", "write_report"]
 MAX_ROWS = 200_000
 
 
-def build_report_data(index: StoreIndex, *, experiment: str | None = None,
+def build_report_data(index: Source, *, experiment: str | None = None,
                       step: int | None = None, sample_index: int | None = None,
                       validate: bool | None = None, max_details: int = 300) -> dict[str, Any]:
     """The answers the report embeds (the same shapes as the server's API)."""
@@ -56,7 +55,8 @@ def build_report_data(index: StoreIndex, *, experiment: str | None = None,
     }
 
 
-def write_report(index: StoreIndex, path: str | os.PathLike[str], **selection: Any) -> dict[str, Any]:
+def write_report(index: Source, path: str | os.PathLike[str],
+                 **selection: Any) -> dict[str, Any]:
     """Write the report to ``path``; returns its ``meta`` (counts). ``selection``: the filters
     of :func:`build_report_data`."""
     data = build_report_data(index, **selection)

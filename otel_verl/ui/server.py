@@ -41,9 +41,14 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from otel_verl.store._index import StoreIndex
 from otel_verl.ui import assets, views
-from otel_verl.ui.views import group_view, overview_view, prompt_view, trajectory_view
+from otel_verl.ui.views import (
+    Source,
+    group_view,
+    overview_view,
+    prompt_view,
+    trajectory_view,
+)
 
 __all__ = ["UIServer", "api", "serve"]
 
@@ -129,7 +134,7 @@ def _bool(query: dict[str, str], key: str) -> bool | None:
     raise _BadParameter(f"{key}: true or false")
 
 
-def api(index: StoreIndex, route: str, query: dict[str, str]) -> Any:
+def api(index: Source, route: str, query: dict[str, str]) -> Any:
     """Answer one API route (the same answers the report embeds). None = not found."""
     experiment = query.get("experiment") or None
     if route == "meta":
@@ -313,7 +318,7 @@ class UIServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # the listen backlog (the kernel caps it at net.core.somaxconn)
 
-    def __init__(self, index: StoreIndex, host: str = "127.0.0.1", port: int = 8686,
+    def __init__(self, index: Source, host: str = "127.0.0.1", port: int = 8686,
                  poll_s: float = 2.0, *, idle_timeout_s: float = 30.0,
                  max_connections: int = 64, allowed_hosts: Iterable[str] = ()) -> None:
         super().__init__((host, port), _Handler)
@@ -392,7 +397,7 @@ class UIServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/"
 
 
-def serve(index: StoreIndex, host: str = "127.0.0.1", port: int = 8686,
+def serve(index: Source, host: str = "127.0.0.1", port: int = 8686,
           poll_s: float = 2.0, ready: Any = None, *, idle_timeout_s: float = 30.0,
           max_connections: int = 64, allowed_hosts: Iterable[str] = ()) -> None:
     """Run the viewer until interrupted (``ready(url)`` is called once it listens).

@@ -19,13 +19,12 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from otel_verl import semconv
 from otel_verl.store import Trajectory, group_trajectories
 from otel_verl.store._index import (
     BadRequest,
-    StoreIndex,
     first_error,
     is_llm_span,
     is_tool_span,
@@ -36,7 +35,8 @@ from otel_verl.store._index import (
     _json_or_none as _json,
 )
 
-__all__ = ["BadRequest", "group_view", "overview_view", "prompt_view", "trajectory_view"]
+__all__ = ["BadRequest", "Source", "group_view", "overview_view", "prompt_view",
+           "trajectory_view"]
 
 _logger = logging.getLogger(__name__)
 
@@ -47,6 +47,46 @@ _EXCEPTION = "exception"
 
 #: nesting kept in a view's values; deeper values are shown as JSON text
 _MAX_DEPTH = 24
+
+
+class Source(Protocol):
+    """What the views, the server and the report read: one row per trajectory, the per-step
+    aggregates, and a trace's full spans.
+
+    Two implementations: the lakehouse (:class:`otel_verl.ui._lake.LakeSource`, DuckDB over
+    the Parquet segments and the files not compacted yet; the default when the ``lake`` extra is
+    installed) and the SQLite index (:class:`otel_verl.store._index.StoreIndex`, the fallback).
+    Both answer with the same rows (``TRAJECTORY_COLUMNS``) and the same step dicts.
+    """
+
+    @property
+    def trace_dir(self) -> str: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    def update(self) -> Any: ...
+
+    def problems(self) -> dict[str, Any]: ...
+
+    def experiments(self) -> list[str]: ...
+
+    def overview(self, experiment: str | None = None) -> list[dict[str, Any]]: ...
+
+    def flat_groups(self, experiment: str | None = None) -> list[dict[str, Any]]: ...
+
+    def trajectories(
+        self, *, experiment: str | None = None, step: int | None = None,
+        sample_index: int | None = None, rollout_n: int | None = None,
+        validate: bool | None = None, reward_min: float | None = None,
+        reward_max: float | None = None, errors_only: bool = False, text: str | None = None,
+        trace_id: str | None = None, order: str = "start_ns", descending: bool = False,
+        page: int = 0, page_size: int = 50, with_search: bool = False,
+        max_page_size: int = 5000) -> dict[str, Any]: ...
+
+    def trajectory_row(self, key: str) -> dict[str, Any] | None: ...
+
+    def trace_spans(self, trace_id: str) -> list[dict[str, Any]]: ...
 
 
 def _cap(value: Any, limit: int = MAX_VALUE_CHARS) -> Any:
@@ -293,7 +333,7 @@ def _merge_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
-def trajectory_view(index: StoreIndex, key: str) -> dict[str, Any] | None:
+def trajectory_view(index: Source, key: str) -> dict[str, Any] | None:
     """Everything the trajectory page shows; None when the key is unknown.
 
     Sections that cannot be built from the spans are left empty and named in ``problems``; a
@@ -309,7 +349,7 @@ def trajectory_view(index: StoreIndex, key: str) -> dict[str, Any] | None:
                                               f"{type(error).__name__}: {error}"[:500]})
 
 
-def _trajectory_view(index: StoreIndex, row: dict[str, Any]) -> dict[str, Any]:
+def _trajectory_view(index: Source, row: dict[str, Any]) -> dict[str, Any]:
     spans = index.trace_spans(row["trace_id"])
     chosen = None
     for t in group_trajectories(spans):
@@ -338,11 +378,11 @@ def _trajectory_view(index: StoreIndex, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def overview_view(index: StoreIndex, experiment: str | None = None) -> dict[str, Any]:
+def overview_view(index: Source, experiment: str | None = None) -> dict[str, Any]:
     return _plain({"steps": index.overview(experiment), "flat": index.flat_groups(experiment)})
 
 
-def group_view(index: StoreIndex, experiment: str | None, step: int | None,
+def group_view(index: Source, experiment: str | None, step: int | None,
                sample_index: int | None, validate: bool | None,
                max_details: int = 64) -> dict[str, Any]:
     """The rollouts of one GRPO group (experiment, step, sample index) and their conversations."""
@@ -357,7 +397,7 @@ def group_view(index: StoreIndex, experiment: str | None, step: int | None,
     return _plain({"rows": page["rows"], "total": page["total"], "details": details})
 
 
-def prompt_view(index: StoreIndex, experiment: str | None, sample_index: int,
+def prompt_view(index: Source, experiment: str | None, sample_index: int,
                 validate: bool | None) -> dict[str, Any]:
     """One prompt (sample index) through training: its rollouts at every step."""
     page = index.trajectories(experiment=experiment, sample_index=sample_index,

@@ -1,0 +1,532 @@
+"""The viewer's read path over the lakehouse (DuckDB over the Parquet segments and the raw files).
+
+:class:`LakeSource` answers what the views ask (:class:`otel_verl.ui.views.Source`) from the
+query layer :class:`otel_verl.store._query.Lake`: the trajectory rows from its ``trajectories``
+table, the step statistics from :meth:`Lake.steps` (the one implementation the CLI and
+``otel-verl sql`` use too), the flat GRPO groups from :meth:`Lake.flat_groups`. What the lake's
+columns do not hold is taken from where it lives:
+
+- a trajectory page re-reads the store lines its spans came from (``source`` and
+  ``source_offset`` in the ``spans`` view) and decodes them with the store's own decoder, so the
+  page shows every attribute with its type as written; a line no longer in the store (the file
+  was removed after compaction) is rebuilt from the segments' columns and payloads instead;
+- the table's prompt and answer snippets come from the page's payloads (``payloads`` view), the
+  free-text filter searches the payloads and the error text.
+
+Background (``otel-verl ui``): one thread compacts the store's closed files
+(:func:`otel_verl.store._compact.compact`) and, when the store or the manifest changed, opens a
+new :class:`Lake` beside the one serving and swaps it in, so a request never waits for either.
+Files not compacted yet are read directly by the lake, so a live run shows within ``poll_s``.
+
+Without the ``lake`` extra (DuckDB), :func:`open_source` falls back to the SQLite index
+(:class:`otel_verl.store._index.StoreIndex`) and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from otel_verl.store import list_files
+from otel_verl.store._index import (
+    _INT64_MAX,
+    TRAJECTORY_COLUMNS,
+    BadRequest,
+    _clean,
+    _query_float,
+    _query_int,
+    _query_text,
+    _quiet_decode,
+    _snippet,
+    prompt_and_response,
+)
+
+if TYPE_CHECKING:
+    from otel_verl.store._index import StoreIndex
+    from otel_verl.store._query import Lake
+    from otel_verl.ui.views import Source
+
+__all__ = ["LakeSource", "lake_available", "open_source"]
+
+_logger = logging.getLogger(__name__)
+
+_SORTABLE = {c for c in TRAJECTORY_COLUMNS if c not in ("prompt", "response", "error", "key")}
+#: decoded store lines kept for trajectory pages (the rollouts of a group share their lines)
+_LINE_CACHE = 16
+_SEARCH_TEXT = 4000
+_SKIP = (".otel_verl_lake" + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
+
+
+def lake_available() -> bool:
+    """Whether the ``lake`` extra (DuckDB, pyarrow) is installed."""
+    try:
+        import otel_verl.store._query  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _signature(trace_dir: str) -> tuple[Any, ...]:
+    """What changes when the lake must be reopened: each store file's size and mtime, and the
+    manifest's (a compaction committed)."""
+    seen: list[tuple[str, int, int]] = []
+    try:
+        paths = list_files(trace_dir)
+    except FileNotFoundError:
+        paths = []
+    manifest = os.path.join(trace_dir, ".otel_verl_lake", "manifest.v1")
+    for path in [*paths, manifest]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        seen.append((path, st.st_size, st.st_mtime_ns))
+    return tuple(seen)
+
+
+class LakeSource:
+    """The lakehouse as the viewer's source (see the module docstring).
+
+    Args:
+        trace_dir: the store directory.
+        compact: whether :meth:`start` compacts closed files in the background.
+        poll_s: seconds between looks for new lines (background thread).
+    """
+
+    def __init__(self, trace_dir: str | os.PathLike[str], *, compact: bool = True,
+                 poll_s: float = 1.0) -> None:
+        self._trace_dir = os.path.abspath(os.fspath(trace_dir))
+        self.compact = compact
+        self.poll_s = poll_s
+        self._generation = 0
+        self._swap_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._retired: list[Lake] = []
+        self.compactions = 0
+        self.last_error: str | None = None
+        self._signature: tuple[Any, ...] = ()
+        self._lake: Lake = self._open()
+        self._problems = self._count_problems(self._lake)
+
+    # -- opening and swapping ------------------------------------------------------------------
+    def _open(self) -> Lake:
+        from otel_verl.store._query import Lake
+
+        self._signature = _signature(self._trace_dir)
+        lake = Lake.open(self._trace_dir)
+        with lake._lock:
+            con = lake.connection
+            # which store lines hold each trace (the trajectory page re-reads them)
+            con.execute("CREATE OR REPLACE TABLE trace_lines AS SELECT DISTINCT TraceId, source, "
+                        "source_offset FROM spans WHERE source IS NOT NULL")
+        return lake
+
+    def _reopen_if_changed(self) -> bool:
+        """Open a new lake when the store or the manifest changed, and swap it in."""
+        if _signature(self._trace_dir) == self._signature:
+            return False
+        with self._swap_lock:
+            before = self._lake.state
+            fresh = self._open()
+            problems = self._count_problems(fresh)
+            old, self._lake, self._problems = self._lake, fresh, problems
+            with self._cache_lock:
+                self._lines.clear()
+            # close the lake before the previous one: a request that took it just before the
+            # swap has finished by now (requests take milliseconds)
+            for retired in self._retired:
+                retired.close()
+            self._retired = [old]
+            after = fresh.state
+            if (before.trajectories, before.raw_bytes, before.raw_spans, before.segment_rows) != (
+                    after.trajectories, after.raw_bytes, after.raw_spans, after.segment_rows):
+                self._generation += 1
+        return True
+
+    def start(self) -> None:
+        """Compact (when enabled) and look for new lines every ``poll_s`` on a thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="otel-verl-ui-lake", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.background_step()
+            self._stop.wait(self.poll_s)
+
+    def background_step(self) -> None:
+        """One round of the background thread: compact closed files, reopen when changed."""
+        if self.compact:
+            try:
+                from otel_verl.store._compact import compact
+
+                stats = compact(self._trace_dir)
+                if stats.spans:
+                    self.compactions += 1
+                    _logger.info("otel-verl ui: compacted %d span(s) of %d file(s) in %.1fs",
+                                 stats.spans, stats.files, stats.seconds)
+            except OSError as error:  # a read-only store: keep reading the raw files
+                if self.last_error is None:
+                    _logger.warning("otel-verl ui: cannot compact %s (%s); reading its files "
+                                    "directly", self._trace_dir, error)
+                self.last_error = str(error)
+                self.compact = False
+            except Exception:  # noqa: BLE001 - the viewer keeps serving what it has
+                _logger.exception("otel-verl ui: compaction failed")
+        try:
+            self._reopen_if_changed()
+        except Exception:  # noqa: BLE001
+            _logger.exception("otel-verl ui: reading the store failed")
+
+    # -- the Source protocol -------------------------------------------------------------------
+    @property
+    def trace_dir(self) -> str:
+        return self._trace_dir
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def lake(self) -> Lake:
+        """The lake serving now."""
+        return self._lake
+
+    def update(self) -> bool:
+        """Look for new lines now (a no-op while the background thread does it)."""
+        if self._thread is not None:
+            return False
+        return self._reopen_if_changed()
+
+    def _count_problems(self, lake: Lake) -> dict[str, Any]:
+        from otel_verl.store._compact import Manifest
+
+        manifest = Manifest.load(lake.lake_dir)
+        state = lake.state
+        lines = bad_lines = bad_spans = files = size = 0
+        for path in list_files(self._trace_dir):
+            rel = os.path.relpath(path, self._trace_dir)
+            if rel.startswith(_SKIP):
+                continue
+            files += 1
+            try:
+                size += os.stat(path).st_size
+            except OSError:
+                continue
+            entry = manifest.sources.get(rel)
+            if entry is not None:
+                lines += int(entry.get("lines", 0))
+                bad_lines += int(entry.get("bad_lines", 0))
+                bad_spans += int(entry.get("bad_spans", 0))
+        bad_lines += state.bad_lines
+        bad_spans += state.bad_spans
+        counts = lake.rows(
+            "SELECT count(*) AS total, count(*) FILTER (WHERE span_id = '') AS partial "
+            "FROM trajectories")[0]
+        spans = lake.rows("SELECT count(*) AS n FROM spans")[0]["n"]
+        examples = list(state.problems[:8])
+        return {
+            "files": files, "lines": lines, "bad_lines": bad_lines, "bad_spans": bad_spans,
+            "files_with_incomplete_last_line": state.truncated_lines, "bytes": size,
+            "trajectories": counts["total"], "partial_trajectories": counts["partial"],
+            "spans": spans, "bad_trajectories": 0, "notices": [], "examples": examples,
+            "segments": state.segments, "raw_files": state.raw_files,
+        }
+
+    def problems(self) -> dict[str, Any]:
+        return dict(self._problems)
+
+    def experiments(self) -> list[str]:
+        return [r["experiment"] for r in self._lake.rows(
+            "SELECT DISTINCT experiment FROM trajectories WHERE experiment IS NOT NULL "
+            "ORDER BY experiment")]
+
+    def overview(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        return self._lake.steps(experiment or None)
+
+    def flat_groups(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        return self._lake.flat_groups(experiment or None)
+
+    def trajectories(
+        self, *, experiment: str | None = None, step: int | None = None,
+        sample_index: int | None = None, rollout_n: int | None = None,
+        validate: bool | None = None, reward_min: float | None = None,
+        reward_max: float | None = None, errors_only: bool = False, text: str | None = None,
+        trace_id: str | None = None, order: str = "start_ns", descending: bool = False,
+        page: int = 0, page_size: int = 50, with_search: bool = False,
+        max_page_size: int = 5000) -> dict[str, Any]:
+        """One page of trajectory rows matching every given filter, and the total count (the
+        SQLite index's :meth:`~otel_verl.store._index.StoreIndex.trajectories`, same answers)."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("experiment", _query_text(experiment)),
+                              ("step", _query_int("step", step)),
+                              ("sample_index", _query_int("sample_index", sample_index)),
+                              ("rollout_n", _query_int("rollout_n", rollout_n))):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if validate is not None:
+            clauses.append("validate = ?")
+            params.append(bool(validate))
+        for op, bound in ((">=", reward_min), ("<=", reward_max)):
+            if bound is not None:
+                clauses.append(f"reward {op} ?")
+                params.append(_query_float("reward bound", bound))
+        if errors_only:
+            clauses.append("(errors > 0 OR tool_errors > 0)")
+        if text:
+            needle = _clean(text.lower())
+            clauses.append(
+                "(contains(lower(coalesce(error, '')), ?) OR trace_id IN (SELECT TraceId FROM "
+                "payloads WHERE contains(lower(array_to_string(map_values(Payload), ' ')), ?)))")
+            params += [needle, needle]
+        if trace_id:
+            clauses.append("starts_with(trace_id, ?)")
+            params.append(_clean(trace_id.lower()))
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        if order not in _SORTABLE:
+            order = "start_ns"
+        direction = "DESC" if descending else "ASC"
+        page_size = max(1, min(_query_int("page_size", page_size) or 1, max_page_size))
+        page = max(0, _query_int("page", page) or 0)
+        if page * page_size > _INT64_MAX:
+            raise BadRequest(f"page {page} is past the end of any table")
+        lake = self._lake
+        total = lake.rows(f"SELECT count(*) AS n FROM trajectories {where}", params)[0]["n"]
+        found = lake.rows(
+            f"SELECT * FROM trajectories {where} ORDER BY {order} {direction} NULLS LAST, step, "
+            f"sample_index, rollout_n, key LIMIT {page_size} OFFSET {page * page_size}", params)
+        rows = self._rows(lake, found, with_search)
+        return {"total": total, "page": page, "page_size": page_size, "rows": rows}
+
+    def trajectory_row(self, key: str) -> dict[str, Any] | None:
+        lake = self._lake
+        found = lake.rows("SELECT * FROM trajectories WHERE key = ?", [_clean(str(key))])
+        return self._rows(lake, found, False)[0] if found else None
+
+    def _rows(self, lake: Lake, found: list[dict[str, Any]], with_search: bool
+              ) -> list[dict[str, Any]]:
+        """Lake rows as the viewer's rows: its columns, with the prompt and answer snippets
+        (and the search text) from the payloads of those traces."""
+        texts = self._texts(lake, sorted({r["trace_id"] for r in found}), with_search)
+        out = []
+        for r in found:
+            row = {c: r.get(c) for c in TRAJECTORY_COLUMNS}
+            prompt, response, search = texts.get(r["trace_id"], (None, None, ""))
+            row["prompt"], row["response"] = prompt, response
+            if with_search:
+                row["search"] = _clean("\n".join(
+                    [prompt or "", response or "", search, r.get("error") or ""]
+                ).lower()[:_SEARCH_TEXT])
+            out.append(row)
+        return out
+
+    def _texts(self, lake: Lake, trace_ids: list[str], with_search: bool
+               ) -> dict[str, tuple[str | None, str | None, str]]:
+        """Per trace: the first prompt and the last answer its payloads show (the index's rule,
+        spans by start time), and the payloads' text for the search column."""
+        if not trace_ids:
+            return {}
+        out: dict[str, tuple[str | None, str | None, str]] = {}
+        for start in range(0, len(trace_ids), 2000):
+            batch = trace_ids[start:start + 2000]
+            marks = ", ".join("?" * len(batch))
+            rows = lake.rows(
+                f"SELECT p.TraceId AS t, p.Payload AS payload FROM payloads p LEFT JOIN "
+                f"(SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, Timestamp FROM spans "
+                f"WHERE TraceId IN ({marks})) s USING (TraceId, SpanId) WHERE p.TraceId IN "
+                f"({marks}) ORDER BY p.TraceId, s.Timestamp NULLS LAST, p.SpanId",
+                [*batch, *batch])
+            for row in rows:
+                trace = row["t"]
+                attributes = dict(row["payload"] or {})
+                prompt, response, search = out.get(trace, (None, None, ""))
+                found = prompt_and_response({"attributes": attributes})
+                if prompt is None and found[0] is not None:
+                    prompt = _clean(_snippet(found[0]))
+                if found[1] is not None:
+                    response = _clean(_snippet(found[1]))
+                if with_search and len(search) < _SEARCH_TEXT:
+                    search = (search + "\n" + " ".join(attributes.values()))[:_SEARCH_TEXT]
+                out[trace] = (prompt, response, search)
+        return out
+
+    def trace_spans(self, trace_id: str) -> list[dict[str, Any]]:
+        """Every stored span of one trace, fully decoded: re-read from the store lines that hold
+        it (the segments' columns when a line is gone), once per span id."""
+        lake = self._lake
+        trace_id = _clean(str(trace_id)).lower()
+        places = lake.rows("SELECT DISTINCT source, source_offset FROM trace_lines WHERE "
+                           "TraceId = ? ORDER BY source, source_offset", [trace_id])
+        spans: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        lost = False
+        for place in places:
+            rel = str(place["source"]).rsplit("#", 1)[0]
+            decoded = self._line(os.path.join(self._trace_dir, rel), int(place["source_offset"]))
+            if decoded is None:
+                lost = True
+                continue
+            for span in decoded:
+                if span["trace_id"] == trace_id and span["span_id"] not in seen:
+                    seen.add(span["span_id"])
+                    spans.append(span)
+        if lost:
+            for span in _spans_from_columns(lake, trace_id):
+                if span["span_id"] not in seen:
+                    seen.add(span["span_id"])
+                    spans.append(span)
+        return spans
+
+    def _line(self, path: str, offset: int) -> list[dict[str, Any]] | None:
+        """The decoded spans of one stored line (None: not there any more)."""
+        key = (path, offset)
+        with self._cache_lock:
+            cached = self._lines.pop(key, None)
+            if cached is not None:
+                self._lines[key] = cached
+                return cached
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(max(0, offset - 1))
+                before = handle.read(1) if offset > 0 else b"\n"
+                raw = handle.readline()
+        except OSError:
+            return None
+        if before != b"\n" or not raw.endswith(b"\n"):
+            return None
+        try:
+            request = orjson.loads(raw)
+            decoded = _quiet_decode(request) if isinstance(request, dict) else []
+        except Exception:  # noqa: BLE001 - the lake read it; a page must not fail on it
+            decoded = []
+        with self._cache_lock:
+            self._lines[key] = decoded
+            while len(self._lines) > _LINE_CACHE:
+                self._lines.pop(next(iter(self._lines)))
+        return decoded
+
+    def close(self) -> None:
+        self.stop()
+        for lake in [*self._retired, self._lake]:
+            lake.close()
+
+
+_CODES = {"Unset": "UNSET", "Ok": "OK", "Error": "ERROR"}
+_KINDS = {"Internal": "INTERNAL", "Server": "SERVER", "Client": "CLIENT",
+          "Producer": "PRODUCER", "Consumer": "CONSUMER"}
+
+
+def _typed(value: str) -> Any:
+    """An attribute the segments hold as text, back as the value it most likely was."""
+    if value[:1] in "-0123456789[{tfn" and value not in ("", "-"):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
+def _spans_from_columns(lake: Lake, trace_id: str) -> list[dict[str, Any]]:
+    """A trace's spans rebuilt from the segments (when their store lines are gone): the
+    ``otel_traces`` columns and the payloads; attribute values come back from their text."""
+    payloads = lake.payloads_of(trace_id)
+    out = []
+    for row in lake.trajectory(trace_id):
+        attributes = {k: _typed(v) for k, v in dict(row["SpanAttributes"] or {}).items()}
+        attributes.update(payloads.get(row["SpanId"], {}))
+        start = row["Timestamp"]
+        start_ns = None if start is None else int(start.timestamp() * 1e9) if not isinstance(
+            start, int) else start
+        duration = row["Duration"]
+        events = [{"name": name, "time_ns": None,
+                   "attributes": {k: _typed(v) for k, v in dict(attrs or {}).items()}}
+                  for name, attrs in zip(row["Events.Name"] or [], row["Events.Attributes"] or [],
+                                         strict=False)]
+        out.append({
+            "trace_id": row["TraceId"], "span_id": row["SpanId"],
+            "parent_span_id": row["ParentSpanId"] or None, "name": row["SpanName"],
+            "start_ns": start_ns,
+            "end_ns": None if start_ns is None or duration is None else start_ns + duration,
+            "kind": _KINDS.get(row["SpanKind"], row["SpanKind"]),
+            "attributes": attributes,
+            "resource": {k: _typed(v) for k, v in dict(row["ResourceAttributes"] or {}).items()},
+            "status": {"code": _CODES.get(row["StatusCode"], row["StatusCode"]),
+                       "message": row["StatusMessage"] or ""},
+            "events": events, "links": [],
+            "scope": {"name": row["ScopeName"] or "", "version": row["ScopeVersion"] or ""},
+            "parent_is_remote": None,
+        })
+    return out
+
+
+def open_source(trace_dir: str | os.PathLike[str], index_path: str | os.PathLike[str] | None = None,
+                *, background: bool = False, poll_s: float = 1.0,
+                say: Callable[[str], None] | None = None) -> Source:
+    """The viewer's source for a store: the lakehouse when the ``lake`` extra is installed, else
+    the SQLite index (said once through ``say``), brought up to date.
+
+    Args:
+        trace_dir: the store.
+        index_path: the SQLite index file (the fallback only).
+        background: compact closed files and look for new lines on a thread (``otel-verl ui``).
+        poll_s: the background thread's period.
+        say: where the one-line summaries go (stderr for the CLI).
+    """
+    tell = say or (lambda text: None)
+    if os.path.isdir(trace_dir) and lake_available():
+        started = time.perf_counter()
+        source = LakeSource(trace_dir, compact=background, poll_s=poll_s)
+        problems = source.problems()
+        tell(f"otel-verl: read {problems['trajectories']} trajectories, {problems['spans']} "
+             f"spans in {time.perf_counter() - started:.1f}s ({problems['segments']} Parquet "
+             f"segment(s), {problems['raw_files']} file(s) read directly; lake: "
+             f"{source.lake.lake_dir})")
+        _say_skipped(problems, tell)
+        if background:
+            source.start()
+        return source
+    from otel_verl.store._index import StoreIndex
+
+    if os.path.isdir(trace_dir):
+        tell("otel-verl: the lake extra is not installed (pip install 'otel-verl[lake]'); "
+             "reading through the SQLite index instead (slower on large stores)")
+    index = StoreIndex(trace_dir, index_path)
+    stats = index.update()
+    problems = index.problems()
+    tell(f"otel-verl: indexed {stats.new_spans} new span(s) in {stats.seconds:.1f}s; "
+         f"{problems['trajectories']} trajectories, {problems['spans']} spans "
+         f"(index: {index.path})")
+    _say_skipped(problems, tell)
+    return _as_source(index)
+
+
+def _say_skipped(problems: dict[str, Any], tell: Callable[[str], None]) -> None:
+    skipped = [f"{problems[k]} {label}" for k, label in (
+        ("bad_lines", "bad line(s)"), ("bad_spans", "bad span(s)"),
+        ("files_with_incomplete_last_line", "file(s) ending in an incomplete line"),
+        ("partial_trajectories", "trace(s) without a trajectory span (shown as partial)"))
+        if problems[k]]
+    if skipped:
+        tell("otel-verl: " + ", ".join(skipped))
+
+
+def _as_source(index: StoreIndex) -> Source:
+    return index  # the SQLite index is a Source as it is (checked by mypy here)
