@@ -122,7 +122,24 @@ def _weave_exporter(config: TraceConfig) -> SpanExporter:
     return otel_weave_exporter.WeaveSpanExporter(
         keep_trajectory_spans=config.weave_keep_trajectory,
         include_otel_attributes=config.weave_include_otel_attributes,
-        spool_dir=spool_dir, timeout_s=config.export_timeout_s, **common)
+        spool_dir=spool_dir, timeout_s=config.export_timeout_s, **common,
+        **_weave_content_options(config))
+
+
+def _weave_content_options(config: TraceConfig) -> dict[str, Any]:
+    """The per-turn content store the Weave exporter reads deltas beyond a span's cap from
+    (``docs/weave.md``), and the flush that writes this process's buffered nodes out first;
+    none for an older exporter that has no such options."""
+    import dataclasses
+
+    from otel_weave_exporter import ExporterConfig
+
+    if "content_dir" not in {f.name for f in dataclasses.fields(ExporterConfig)}:
+        return {}
+    from otel_verl import _content
+
+    return {"content_dir": os.path.join(config.trace_dir, _content.CONTENT_DIR),
+            "content_flush": lambda: _content.flush_all(timeout_s=2.0)}
 
 
 def _durable(config: TraceConfig) -> bool:

@@ -264,63 +264,101 @@ def _prefix(segments: tuple[Segment, ...], n: int) -> tuple[Segment, ...] | None
 class ContentCalls:
     """Rewrites the delta-coded input field of otel_verl's LLM calls for Weave.
 
-    Every node of a trajectory's chain (a call's prompt, the prompt plus its response) becomes
-    the list of its segments: objects of what each node appended (one per node, named by its
-    content id, so shared nodes are one object). A call's field then reads::
+    Each node of a trajectory's chain (a call's prompt; the prompt plus its response) is known
+    here either by its items, while its JSON is at most ``inline_max_bytes`` (then a call shows
+    its whole prompt inline, as verl's own Weave backend does), or by its segments: objects of
+    what each node appended (one per node, named by its content id, so the nodes a GRPO group or
+    a later step share are one object). A call with a large prompt shows its field as::
 
         {"content_id": ..., "length": N, "segments": [REF, REF, ..., <delta inline or REF>],
          "extends": {"content_id": BASE, "length": n, "span_id": ...}}
 
-    with the whole prompt = the concatenation of the segments' items (``{"ref", "len"}`` is the
+    the whole prompt being the concatenation of the segments' items (a ``{"ref", "len"}`` is the
     head of an object). A call whose base is unknown here (not seen by this exporter and not in
-    the content store) says ``"complete": false`` and keeps its delta and reference.
+    the content store) says ``"complete": false`` and keeps its delta and its reference.
     """
 
     def __init__(self, objects: ContentObjects, reader: NodeReader | None = None, *,
-                 inline_max_bytes: int = 2048, max_nodes: int = 100_000) -> None:
+                 inline_max_bytes: int = 2048, max_nodes: int = 20_000) -> None:
         self.objects = objects
         self.reader = reader
         self.inline_max_bytes = inline_max_bytes
-        self._nodes: OrderedDict[str, tuple[Segment, ...]] = OrderedDict()
+        #: node id -> its items (a small node) or its segments (a large one)
+        self._nodes: OrderedDict[str, list[Any] | tuple[Segment, ...]] = OrderedDict()
         self._max_nodes = max_nodes
-        self.incomplete = 0  # calls whose whole prompt could not be referenced
+        #: ``incomplete``: calls whose whole prompt could not be referenced (base or delta not
+        #: found); ``objects_*``: the ``/obj/create`` requests (``publish_pending``)
+        self.stats = {"calls_rewritten": 0, "incomplete": 0, "objects_sent": 0,
+                      "objects_rejected": 0, "object_requests": 0, "object_retries": 0,
+                      "object_rounds_failed": 0}
 
-    def _remember(self, node_id: str, segments: tuple[Segment, ...]) -> None:
-        self._nodes[node_id] = segments
+    # -- nodes ------------------------------------------------------------------------------------
+    def _remember(self, node_id: str, entry: list[Any] | tuple[Segment, ...]) -> None:
+        self._nodes[node_id] = entry
         self._nodes.move_to_end(node_id)
         if len(self._nodes) > self._max_nodes:
             self._nodes.popitem(last=False)
 
-    def _object(self, node_id: str, kind: str, items: list[Any]) -> str | None:
-        return self.objects.ref(node_id, {"content_id": node_id, "kind": kind, "items": items})
+    def _small(self, items: list[Any]) -> bool:
+        return len(json.dumps(items, separators=(",", ":"))) <= self.inline_max_bytes
 
-    def segments_of(self, node_id: str, depth: int = 0) -> tuple[Segment, ...] | None:
-        """The segments of a node: remembered, else rebuilt from the content store."""
+    def _object(self, name: str, kind: str, items: list[Any]) -> str | None:
+        return self.objects.ref(name, {"content_id": name, "kind": kind, "items": items})
+
+    def _entry(self, node_id: str, depth: int = 0) -> list[Any] | tuple[Segment, ...] | None:
+        """A node's items or segments: remembered, else rebuilt from the content store."""
         known = self._nodes.get(node_id)
         if known is not None:
+            self._nodes.move_to_end(node_id)
             return known
         if self.reader is None or depth > 10_000:
             return None
         node = self.reader.node(node_id)
-        if node is None:
+        if node is None or not isinstance(node.get("delta"), list):
             return None
-        base, base_len, delta = node.get("base"), node.get("base_len") or 0, node.get("delta")
-        if not isinstance(delta, list):
-            return None
-        head: tuple[Segment, ...] = ()
-        if base:
-            base_segments = self.segments_of(str(base), depth + 1)
-            head_or_none = _prefix(base_segments, int(base_len)) if base_segments else None
-            if head_or_none is None:
-                return None
-            head = head_or_none
-        uri = self._object(node_id, str(node.get("kind") or ""), delta)
-        if uri is None:
-            return None
-        segments = (*head, (uri, len(delta)))
-        self._remember(node_id, segments)
-        return segments
+        base = node.get("base")
+        entry = self._extend(node_id, str(node.get("kind") or ""), str(base) if base else None,
+                             _int(node.get("base_len")), node["delta"], depth)
+        if entry is not None:
+            self._remember(node_id, entry)
+        return entry
 
+    def _extend(self, node_id: str, kind: str, base_id: str | None, base_len: int,
+                delta: list[Any], depth: int = 0) -> list[Any] | tuple[Segment, ...] | None:
+        """The entry of ``content(base_id)[:base_len] + delta`` (None: the base is unknown)."""
+        head: list[Any] | tuple[Segment, ...] = []
+        if base_id is not None:
+            base = self._entry(base_id, depth + 1)
+            if base is None:
+                return None
+            head = self._head(base_id, kind, base, base_len)  # type: ignore[assignment]
+            if head is None:
+                return None
+        if isinstance(head, list) and self._small(head + delta):
+            return head + delta
+        segments = self._as_segments(base_id or node_id, kind, head)
+        own = self._object(node_id, kind, delta)
+        if segments is None or own is None:
+            return None
+        return (*segments, (own, len(delta)))
+
+    def _head(self, base_id: str, kind: str, base: list[Any] | tuple[Segment, ...],
+              n: int) -> list[Any] | tuple[Segment, ...] | None:
+        if isinstance(base, list):
+            return base[:n] if n <= len(base) else None
+        return _prefix(base, n)
+
+    def _as_segments(self, name: str, kind: str, entry: list[Any] | tuple[Segment, ...]
+                     ) -> tuple[Segment, ...] | None:
+        """Segments for an entry: a small node's items become one object (named after it)."""
+        if not isinstance(entry, list):
+            return entry
+        if not entry:
+            return ()
+        uri = self._object(f"{name}_{len(entry)}", kind, entry)
+        return ((uri, len(entry)),) if uri is not None else None
+
+    # -- calls ------------------------------------------------------------------------------------
     def rewrite(self, inputs: dict[str, Any], output: Any, attrs: Mapping[str, Any]) -> bool:
         """Rewrite ``inputs[field]`` in place; False when the call's prompt is not complete."""
         field = attrs.get(c.CONTENT_FIELD)
@@ -337,44 +375,48 @@ class ContentCalls:
                 and len(delta) == _int(attrs.get(c.CONTENT_DELTA_LEN), len(delta))):
             node = self.reader.node(node_id) if self.reader is not None else None
             delta = node.get("delta") if node is not None else None
-        view: dict[str, Any] = {"content_id": node_id, "length": length}
-        if base_id:
-            view["extends"] = {"content_id": base_id, "length": base_len,
-                               "span_id": attrs.get(c.CONTENT_BASE_SPAN_ID)}
-        base_segments = self.segments_of(str(base_id)) if base_id else ()
-        own = self._object(node_id, kind, delta) if isinstance(delta, list) else None
-        if base_segments is None or own is None or not isinstance(delta, list) or (
-                base_len + len(delta) != length):
-            self.incomplete += 1
-            view["complete"] = False
-            view["delta"] = inputs.get(field)
+        entry = None
+        if isinstance(delta, list) and base_len + len(delta) == length:
+            entry = self._nodes.get(node_id) or self._extend(
+                node_id, kind, str(base_id) if base_id else None, base_len, delta)
+        if entry is None:
+            self.stats["incomplete"] += 1
+            view: dict[str, Any] = {"content_id": node_id, "length": length, "complete": False,
+                                    "delta": inputs.get(field)}
+            if base_id:
+                view["extends"] = {"content_id": base_id, "length": base_len,
+                                   "span_id": attrs.get(c.CONTENT_BASE_SPAN_ID)}
             inputs[field] = view
             return False
-        shown = _take(base_segments, base_len)
-        small = len(json.dumps(delta, separators=(",", ":"))) <= self.inline_max_bytes
-        view["segments"] = [*shown, delta if small else own]
-        inputs[field] = view
-        head = _prefix(base_segments, base_len)
-        if head is not None:
-            mine = (*head, (own, len(delta)))
-            self._remember(node_id, mine)
-            self._response(mine, output, attrs, kind)
+        assert isinstance(delta, list)
+        self.stats["calls_rewritten"] += 1
+        self._remember(node_id, entry)
+        if isinstance(entry, list):
+            inputs[field] = entry  # small: the whole prompt, as the engine received it
+        else:
+            segments: list[Any] = _take(entry[:-1], base_len)
+            segments.append(delta if self._small(delta) else entry[-1][0])
+            view = {"content_id": node_id, "length": length, "segments": segments}
+            if base_id:
+                view["extends"] = {"content_id": base_id, "length": base_len,
+                                   "span_id": attrs.get(c.CONTENT_BASE_SPAN_ID)}
+            inputs[field] = view
+        self._response(node_id, entry, output, attrs, kind)
         return True
 
-    def _response(self, prompt: tuple[Segment, ...], output: Any, attrs: Mapping[str, Any],
-                  kind: str) -> None:
+    def _response(self, node_id: str, prompt: list[Any] | tuple[Segment, ...], output: Any,
+                  attrs: Mapping[str, Any], kind: str) -> None:
         """The prompt + response node (the next call's base), when the output shows it."""
         out_id = attrs.get(c.CONTENT_OUTPUT_ID)
         if not isinstance(out_id, str) or out_id in self._nodes:
             return
         response = _response_items(output, kind)
-        out_len = _int(attrs.get(c.CONTENT_OUTPUT_LEN))
-        length = sum(n for _, n in prompt)
-        if response is None or length + len(response) != out_len:
-            return  # segments_of reads it from the content store when it is needed
-        uri = self._object(out_id, kind, response)
-        if uri is not None:
-            self._remember(out_id, (*prompt, (uri, len(response))))
+        length = len(prompt) if isinstance(prompt, list) else sum(n for _, n in prompt)
+        if response is None or length + len(response) != _int(attrs.get(c.CONTENT_OUTPUT_LEN)):
+            return  # _entry reads it from the content store when the next call needs it
+        entry = self._extend(out_id, kind, node_id, length, response)
+        if entry is not None:
+            self._remember(out_id, entry)
 
 
 def _response_items(output: Any, kind: str) -> list[Any] | None:
@@ -393,3 +435,32 @@ def _int(value: Any, default: int = 0) -> int:
         return int(value) if value is not None else default
     except (TypeError, ValueError):
         return default
+
+
+# --- the exporter's side ------------------------------------------------------------------------
+
+
+def content_calls(entity: str, project: str, enabled: bool, content_dir: str | None,
+                  flush: Callable[[], Any] | None) -> ContentCalls | None:
+    """The exporter's ``ContentCalls`` (None when ``content_objects`` is off)."""
+    if not enabled:
+        return None
+    reader = NodeReader(content_dir, flush) if content_dir else None
+    return ContentCalls(ContentObjects(entity, project), reader)
+
+
+def publish_pending(content: ContentCalls | None, sender: Any, timeout_s: float) -> None:
+    """Send the objects the last translations queued, before their calls go out (under the
+    exporter's lock). What fails stays queued for the next export; counted in ``stats``."""
+    if content is None or not content.objects.pending():
+        return
+    import time
+
+    done = publish(content.objects, sender, time.monotonic() + timeout_s)
+    st = content.stats
+    st["objects_sent"] += done.sent
+    st["objects_rejected"] += done.rejected
+    st["object_requests"] += done.requests
+    st["object_retries"] += done.retries
+    if done.error and not done.rejected:
+        st["object_rounds_failed"] += 1

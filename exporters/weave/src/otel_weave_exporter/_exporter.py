@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_weave_exporter import _conventions as c
+from otel_weave_exporter._content_objects import content_calls, publish_pending
 from otel_weave_exporter._deliver import SpanDelivery, deliver
 from otel_weave_exporter._encode import encode_call
 from otel_weave_exporter._spool import Spool
@@ -81,6 +82,12 @@ class ExporterConfig:
     spool_dir: str | None = None
     max_spool_bytes: int = 1 << 30
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: otel_verl's per-turn content as Weave objects referenced from the calls (docs/weave.md);
+    #: ``content_dir`` is its content store (deltas beyond a span's cap), ``content_flush`` what
+    #: writes out the store's buffered nodes before a miss is looked up again
+    content_objects: bool = True
+    content_dir: str | None = None
+    content_flush: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def project_id(self) -> str:
@@ -217,6 +224,7 @@ def resolve_config(
         "threads": _env_bool(c.ENV_THREADS, True),
         "spool_dir": os.environ.get(c.ENV_SPOOL_DIR) or None,
         "wandb_run_id": os.environ.get(c.WANDB_RUN_ID) or None,
+        "content_dir": os.environ.get(c.ENV_CONTENT_DIR) or None,
     }
     merged = {**defaults, **options}
     for name in ("timeout_s", "request_timeout_s", "shutdown_timeout_s", "max_request_bytes",
@@ -262,6 +270,8 @@ class WeaveSpanExporter(SpanExporter):
             summary_rollup=cfg.summary_rollup,
             threads=cfg.threads,
             wandb_run_id=cfg.wandb_run_id,
+            content=content_calls(cfg.entity, cfg.project, cfg.content_objects, cfg.content_dir,
+                                  cfg.content_flush),
         )
         self._sender = HttpSender(
             cfg.base_url,
@@ -282,6 +292,11 @@ class WeaveSpanExporter(SpanExporter):
         """Counters since construction (a copy), keyed as :data:`STATS_KEYS` describes."""
         with self._stats_lock:
             return dict(self._stats)
+
+    def content_stats(self) -> dict[str, int]:
+        """The per-turn content counters (``_content_objects.ContentCalls.stats``); {} when off."""
+        content = self._translator.content
+        return dict(content.stats) if content is not None else {}
 
     @property
     def spool_path(self) -> str | None:
@@ -426,6 +441,7 @@ class WeaveSpanExporter(SpanExporter):
             parts.append(data)
             if owners is not None:
                 owners.append(index)
+        publish_pending(tr.content, self._sender, self.config.timeout_s)  # before their calls
         return parts, truncated, skipped, bad
 
     def _deliver(self, parts: list[bytes], deadline: float) -> SpanExportResult:
