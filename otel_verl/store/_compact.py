@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import socket
@@ -184,12 +185,30 @@ def decode_range(path: str, start: int, stop: int | None, columns: Columns, sour
     return end
 
 
+def _scrubbed(value: Any) -> Any:
+    """``value`` with lone surrogates in its strings escaped (what Arrow and Parquet refuse)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, list):
+        return [_scrubbed(v) for v in value]
+    if isinstance(value, dict):
+        return {_scrubbed(k): _scrubbed(v) for k, v in value.items()}
+    return value
+
+
 def _spans_of_line(raw: bytes, bad: list[str]) -> Iterator[SpanRecord]:
     try:
         request = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
-        bad.append(f"line: {error}")
-        return
+        try:  # the stdlib reads what orjson refuses (lone surrogates, deep nesting, big ints)
+            request = _scrubbed(json.loads(raw))
+        except (ValueError, RecursionError):
+            bad.append(f"line: {error}")
+            return
     resource_spans = request.get("resourceSpans", request.get("resource_spans")) \
         if isinstance(request, dict) else None
     if not isinstance(resource_spans, list):

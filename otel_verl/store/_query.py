@@ -54,6 +54,7 @@ import contextlib
 import math
 import os
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +63,14 @@ import duckdb
 import pyarrow as pa
 
 from otel_verl.store import list_files
-from otel_verl.store._compact import SKIP_DIRS, Manifest, decode_range, lake_dir, raw_start
+from otel_verl.store._compact import (
+    NULL_PART,
+    SKIP_DIRS,
+    Manifest,
+    decode_range,
+    lake_dir,
+    raw_start,
+)
 from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
 
 __all__ = ["STEPS_SQL", "TRAJECTORIES_SQL", "TRAJECTORY_ORDER", "Lake", "LakeState"]
@@ -234,7 +242,7 @@ def create_views(con: duckdb.DuckDBPyConnection, segments: list[str], payloads: 
     if segments:
         files = "[" + ", ".join(_q(s) for s in segments) + "]"
         con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
-                    f"read_parquet({files}){where}")
+                    f"read_parquet({files}, hive_partitioning = false){where}")
     else:
         con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
                     "raw_spans_arrow WHERE false")
@@ -244,7 +252,8 @@ def create_views(con: duckdb.DuckDBPyConnection, segments: list[str], payloads: 
     if payloads:
         files = "[" + ", ".join(_q(s) for s in payloads) + "]"
         con.execute(f"CREATE OR REPLACE VIEW payloads AS SELECT {pnames} FROM "
-                    f"read_parquet({files}) UNION ALL SELECT {pnames} FROM raw_payload_arrow")
+                    f"read_parquet({files}, hive_partitioning = false) UNION ALL SELECT {pnames} "
+                    "FROM raw_payload_arrow")
     else:
         con.execute("CREATE OR REPLACE VIEW payloads AS SELECT * FROM raw_payload_arrow")
 
@@ -292,6 +301,8 @@ class Lake:
         self.connection.execute("SET enable_progress_bar = false")
         self._lock = threading.RLock()
         self._segments: list[str] = []
+        self._partitions: dict[tuple[str, str], list[str]] = {}
+        self._exclusion = ""
         self.state = LakeState()
 
     @classmethod
@@ -367,6 +378,8 @@ class Lake:
             self._segments = segments
             state.segments = len(segments)
             create_views(con, segments, payloads, excluded)
+            self._exclusion = (f" AND source NOT IN ({', '.join(_q(s) for s in sorted(excluded))})"
+                               if excluded else "")
             cache = cache_path(self.lake_dir, manifest.runs)
             if segments and excluded == set(manifest.excluded) and os.path.exists(cache):
                 # the segments' trajectories as compaction left them; the traces the raw
@@ -376,13 +389,16 @@ class Lake:
                 con.execute("CREATE OR REPLACE TEMP VIEW touched_spans AS SELECT * FROM spans "
                             "WHERE TraceId IN (SELECT TraceId FROM raw_traces)")
                 con.execute(
-                    f"CREATE OR REPLACE TABLE trajectories AS SELECT * FROM read_parquet({_q(cache)}) "
+                    f"CREATE OR REPLACE TABLE trajectories AS SELECT * FROM read_parquet({_q(cache)}, hive_partitioning = false) "
                     "WHERE trace_id NOT IN (SELECT TraceId FROM raw_traces) UNION ALL "
                     f"SELECT * FROM ({trajectories_sql('touched_spans')})")
                 state.cached = True
             else:
                 con.execute(f"CREATE OR REPLACE TABLE trajectories AS {trajectories_sql()}")
             con.execute(f"CREATE OR REPLACE VIEW steps AS {STEPS_SQL}")
+            con.execute("CREATE OR REPLACE TABLE reports AS SELECT DISTINCT ON (TraceId, SpanId) "
+                        "experiment, validate, step, report_counts FROM spans WHERE is_report")
+            self._partitions = self._partition_files(segments)
             state.segment_rows = con.execute("SELECT count(*) FROM segment_spans").fetchall()[0][0]
             state.trajectories = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
             self.state = state
@@ -396,7 +412,8 @@ class Lake:
         with self._lock:
             return self.connection.sql(query, params=params or None)
 
-    def rows(self, query: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    def rows(self, query: str, params: list[Any] | dict[str, Any] | None = None
+             ) -> list[dict[str, Any]]:
         """The rows of a query as dicts."""
         with self._lock:
             cursor = self.connection.execute(query, params or [])
@@ -437,9 +454,7 @@ class Lake:
     def sampling_reports(self) -> dict[tuple[Any, Any, Any], dict[str, int]]:
         """The workers' ``otel_verl.sampling_report`` counts summed per step."""
         totals: dict[tuple[Any, Any, Any], dict[str, int]] = {}
-        for row in self.rows(
-                "SELECT DISTINCT ON (TraceId, SpanId) experiment, validate, step, report_counts "
-                "FROM spans WHERE is_report"):
+        for row in self.rows("SELECT experiment, validate, step, report_counts FROM reports"):
             exp, validate, step, counts = row.values()
             into = totals.setdefault((exp, validate, step), {})
             for name, value in (counts or {}).items():
@@ -501,11 +516,48 @@ class Lake:
             f"step, sample_index, rollout_n, key{page}", params)
         return {"total": total[0]["n"], "rows": rows}
 
+    @staticmethod
+    def _partition_files(segments: list[str]) -> dict[tuple[str, str], list[str]]:
+        """Segment files by their partition directory (``experiment=..``, ``step=..``)."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for path in segments:
+            step_dir = os.path.dirname(path)
+            key = (os.path.basename(os.path.dirname(step_dir)), os.path.basename(step_dir))
+            out.setdefault(key, []).append(path)
+        return out
+
     def trajectory(self, trace_id: str) -> list[dict[str, Any]]:
-        """Every stored span of one trace (``spans`` columns), by start time, deduplicated."""
-        return self.rows(
-            "SELECT DISTINCT ON (SpanId) * FROM spans WHERE TraceId = ? "
-            "ORDER BY SpanId, Timestamp", [trace_id.lower()])
+        """Every stored span of one trace (``spans`` columns), by start time, deduplicated.
+
+        Reads only the segments of the trace's partitions (from ``trajectories``) and those
+        of spans without a step (an engine's), pruned by their sorted ``TraceId`` statistics."""
+        trace_id = trace_id.lower()
+        with self._lock:
+            where = self.rows("SELECT DISTINCT experiment, step FROM trajectories "
+                              "WHERE trace_id = ?", [trace_id])
+            wanted = {("experiment=" + (NULL_PART if w["experiment"] is None else
+                                        urllib.parse.quote(str(w["experiment"]), safe="")),
+                       "step=" + (NULL_PART if w["step"] is None else str(w["step"])))
+                      for w in where}
+            files = [f for key, paths in self._partitions.items()
+                     if key in wanted or key[1] == "step=" + NULL_PART for f in paths]
+            if not where:  # not a trajectory we know: look everywhere
+                files = self._segments
+            names = ", ".join(f'"{n}"' for n in SPAN_SCHEMA.names)
+            parts = [f"SELECT {names} FROM raw_spans_arrow WHERE TraceId = $t"]
+            if files:
+                listed = "[" + ", ".join(_q(f) for f in files) + "]"
+                parts.append(f"SELECT {names} FROM read_parquet({listed}, hive_partitioning = "
+                             f"false) WHERE TraceId = $t{self._exclusion}")
+            rows = self.rows(" UNION ALL ".join(parts) + " ORDER BY Timestamp, SpanId",
+                             {"t": trace_id})
+        seen: set[str] = set()
+        out = []
+        for row in rows:
+            if row["SpanId"] not in seen:
+                seen.add(row["SpanId"])
+                out.append(row)
+        return out
 
     def payloads_of(self, trace_id: str) -> dict[str, dict[str, str]]:
         """``{span id: payload map}`` of one trace (prompts, answers, tool calls)."""

@@ -127,17 +127,8 @@ def as_string(value: Any) -> str:
     return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
-def _safe(text: str) -> str:
-    """Text Arrow accepts (lone surrogates from hostile JSON escaped)."""
-    try:
-        text.encode()
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode()
-
-
 def _str_map(attributes: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(_safe(k), _safe(as_string(v))) for k, v in attributes.items()]
+    return [(k, as_string(v)) for k, v in attributes.items()]
 
 
 def _int(value: Any) -> int | None:
@@ -157,18 +148,29 @@ def _finite(value: Any) -> float | None:
 
 
 def _text(value: Any, limit: int = 1000) -> str | None:
-    return _safe(value[:limit]) if isinstance(value, str) else None
+    return value[:limit] if isinstance(value, str) else None
 
 
 def _ns(value: int | None) -> int | None:
     return value if value is not None and 0 <= value <= _INT64_MAX else None
 
 
+_FLAT_MAPS = ("ResourceAttributes", "SpanAttributes")
+
+
 class Columns:
-    """Span rows gathered column by column, then turned into Arrow tables."""
+    """Span rows gathered column by column, then turned into Arrow tables.
+
+    Strings must be valid Unicode (no lone surrogates): the decoder guarantees it
+    (:func:`otel_verl.store._compact.decode_range` scrubs what the stdlib fallback lets in).
+    """
 
     def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names}
+        self.cols: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names
+                                           if name not in _FLAT_MAPS}
+        # the two big maps, flat: offsets, keys, values
+        self.maps: dict[str, tuple[list[int], list[str], list[str]]] = {
+            name: ([0], [], []) for name in _FLAT_MAPS}
         self.payload: dict[str, list[Any]] = {name: [] for name in PAYLOAD_SCHEMA.names}
 
     def __len__(self) -> int:
@@ -184,22 +186,28 @@ class Columns:
             value = a.get(key)
             return r.get(key) if value is None else value
 
-        narrow: dict[str, Any] = {}
         payload: list[tuple[str, str]] = []
+        s_off, s_keys, s_values = self.maps["SpanAttributes"]
         for key, value in a.items():
-            if key in _record.PAYLOAD_KEYS:
-                payload.append((_safe(key), _safe(as_string(value))))
-                continue
-            text = as_string(value)
-            if len(text) > PAYLOAD_INLINE_MAX:
-                payload.append((_safe(key), _safe(text)))
+            text = value if isinstance(value, str) else as_string(value)
+            if key in _record.PAYLOAD_KEYS or len(text) > PAYLOAD_INLINE_MAX:
+                payload.append((key, text))
             else:
-                narrow[key] = text
+                s_keys.append(key)
+                s_values.append(text)
+        s_off.append(len(s_keys))
+        r_off, r_keys, r_values = self.maps["ResourceAttributes"]
+        for key, value in r.items():
+            r_keys.append(key)
+            r_values.append(value if isinstance(value, str) else as_string(value))
+        r_off.append(len(r_keys))
         start, end = _ns(span["start_ns"]), _ns(span["end_ns"])
         experiment = rl(semconv.ROLLOUT_EXPERIMENT_NAME)
         step = _int(rl(semconv.ROLLOUT_STEP))
         validate = rl(semconv.ROLLOUT_VALIDATE)
-        score, label = _record.evaluation(span)
+        events = span["events"]
+        score, label = _record.evaluation(span) if events or \
+            semconv.GEN_AI_EVALUATION_SCORE_LABEL in a else (None, None)
         llm = _record.is_llm_span(span)
         tool = _record.is_tool_span(span)
         finish = a.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
@@ -211,26 +219,35 @@ class Columns:
         c["SpanId"].append(span["span_id"])
         c["ParentSpanId"].append(span["parent_span_id"] or "")
         c["TraceState"].append("")
-        c["SpanName"].append(_safe(span["name"]))
-        c["SpanKind"].append(_KINDS.get(span["kind"], _safe(str(span["kind"]))))
+        c["SpanName"].append(span["name"])
+        c["SpanKind"].append(_KINDS.get(span["kind"]) or str(span["kind"]))
         c["ServiceName"].append(_text(r.get(semconv.SERVICE_NAME)) or "")
-        c["ResourceAttributes"].append(_str_map(r))
-        c["ScopeName"].append(_safe(span["scope"]["name"]))
-        c["ScopeVersion"].append(_safe(span["scope"]["version"]))
-        c["SpanAttributes"].append([(_safe(k), _safe(v)) for k, v in narrow.items()])
+        c["ScopeName"].append(span["scope"]["name"])
+        c["ScopeVersion"].append(span["scope"]["version"])
         c["Duration"].append(end - start if start is not None and end is not None
                              and end >= start else None)
-        c["StatusCode"].append(_CODES.get(span["status"]["code"], _safe(span["status"]["code"])))
-        c["StatusMessage"].append(_safe(span["status"]["message"]))
-        events = span["events"]
-        c["Events.Timestamp"].append([_ns(e["time_ns"]) for e in events])
-        c["Events.Name"].append([_safe(e["name"]) for e in events])
-        c["Events.Attributes"].append([_str_map(e["attributes"]) for e in events])
+        code = span["status"]["code"]
+        c["StatusCode"].append(_CODES.get(code) or code)
+        c["StatusMessage"].append(span["status"]["message"])
+        if events:
+            c["Events.Timestamp"].append([_ns(e["time_ns"]) for e in events])
+            c["Events.Name"].append([e["name"] for e in events])
+            c["Events.Attributes"].append([_str_map(e["attributes"]) for e in events])
+        else:
+            c["Events.Timestamp"].append(_EMPTY)
+            c["Events.Name"].append(_EMPTY)
+            c["Events.Attributes"].append(_EMPTY)
         links = span["links"]
-        c["Links.TraceId"].append([lk["trace_id"] or "" for lk in links])
-        c["Links.SpanId"].append([lk["span_id"] or "" for lk in links])
-        c["Links.TraceState"].append(["" for _ in links])
-        c["Links.Attributes"].append([_str_map(lk["attributes"]) for lk in links])
+        if links:
+            c["Links.TraceId"].append([lk["trace_id"] or "" for lk in links])
+            c["Links.SpanId"].append([lk["span_id"] or "" for lk in links])
+            c["Links.TraceState"].append(["" for _ in links])
+            c["Links.Attributes"].append([_str_map(lk["attributes"]) for lk in links])
+        else:
+            c["Links.TraceId"].append(_EMPTY)
+            c["Links.SpanId"].append(_EMPTY)
+            c["Links.TraceState"].append(_EMPTY)
+            c["Links.Attributes"].append(_EMPTY)
         c["experiment"].append(_text(experiment))
         c["project"].append(_text(rl(semconv.ROLLOUT_PROJECT_NAME)))
         c["step"].append(step)
@@ -242,14 +259,14 @@ class Columns:
         c["is_llm"].append(llm)
         c["is_tool"].append(tool)
         c["tool_name"].append(_text(a.get(semconv.GEN_AI_TOOL_NAME)) if tool else None)
-        c["tool_error"].append(_record.is_tool_error(span))
+        c["tool_error"].append(_record.is_tool_error(span) if tool else False)
         c["reward"].append(_finite(a.get(semconv.ROLLOUT_REWARD)))
-        components = [(_safe(k[len(REWARD_COMPONENT_PREFIX):]), f) for k, v in a.items()
+        components = [(k[len(REWARD_COMPONENT_PREFIX):], f) for k, v in a.items()
                       if k.startswith(REWARD_COMPONENT_PREFIX)
                       and (f := _finite(v)) is not None]
         c["reward_components"].append(components or None)
         c["eval_score"].append(_finite(score))
-        c["eval_label"].append(_safe(str(label))[:200] if label is not None else None)
+        c["eval_label"].append(str(label)[:200] if label is not None else None)
         c["turns"].append(_int(a.get(semconv.ROLLOUT_NUM_TURNS)))
         c["tokens_in"].append(_int(a.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)))
         c["tokens_out"].append(_int(a.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)))
@@ -258,8 +275,8 @@ class Columns:
         c["sampling_reason"].append(_text(a.get(semconv.ROLLOUT_SAMPLING_REASON), 200))
         c["sampling_weight"].append(_finite(a.get(semconv.ROLLOUT_SAMPLING_WEIGHT)))
         c["policy_version"].append(_int(a.get(POLICY_VERSION)))
-        error = _record.exception_text(span)
-        c["error_text"].append(_safe(error[:500]) if error else None)
+        error = _record.exception_text(span) if events or code == "ERROR" else None
+        c["error_text"].append(error[:500] if error else None)
         c["report_counts"].append(
             [(k[len(REPORT_PREFIX):], n) for k, v in a.items()
              if k.startswith(REPORT_PREFIX) and (n := _int(v)) is not None] if report else None)
@@ -274,7 +291,19 @@ class Columns:
             p["step"].append(step)
 
     def table(self) -> pa.Table:
-        return pa.Table.from_pydict(self.cols, schema=SPAN_SCHEMA)
+        arrays = []
+        for name, column_type in zip(SPAN_SCHEMA.names, SPAN_SCHEMA.types, strict=True):
+            if name in self.maps:
+                offsets, keys, values = self.maps[name]
+                arrays.append(pa.MapArray.from_arrays(
+                    pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
+                    pa.array(values, pa.string())))
+            else:
+                arrays.append(pa.array(self.cols[name], column_type))
+        return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
 
     def payload_table(self) -> pa.Table:
         return pa.Table.from_pydict(self.payload, schema=PAYLOAD_SCHEMA)
+
+
+_EMPTY: list[Any] = []

@@ -17,7 +17,7 @@ from otel_verl.store._compact import Manifest, lake_dir
 from otel_verl.store._query import Lake
 
 _spec = importlib.util.spec_from_file_location(
-    "test_lake", Path(__file__).resolve().with_name("test_lake.py"))
+    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
 assert _spec is not None and _spec.loader is not None
 L = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(L)
