@@ -39,6 +39,7 @@ from otel_verl._capture import (
     set_payload,
     token_texts,
 )
+from otel_verl._hotpath import clean_attributes, merge_clean
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 from otel_verl._trajectory import Outcome, current_outcome
 from otel_verl.exporters._scrub import fix_surrogates
@@ -179,7 +180,11 @@ class _OpCall:
             if outcome is not None:
                 outcome.op_started(spec.name, attrs.get(semconv.INPUT_VALUE),
                                    spec.kind == semconv.SpanKindName.AGENT)
-            span = runtime.tracer.start_span(spec.name, kind=spec.span_kind, attributes=attrs)
+            # started bare, then the op's attributes in one insert (validated here once, not
+            # re-checked by the SDK through its ABC dispatch): samplers and on_start hooks see
+            # the trajectory attributes (TrajectoryAttributesProcessor), not the op's own
+            span = runtime.tracer.start_span(spec.name, kind=spec.span_kind)
+            merge_clean(span, clean_attributes(attrs))
             token = otel_context.attach(otel_trace.set_span_in_context(span))
         except Exception as exc:
             _errors.internal_error(exc, f"starting span {spec.name}")

@@ -625,3 +625,34 @@ def test_op_kind_follows_verls_method_names_unless_given(spans):
              s.attributes[semconv.OPENINFERENCE_SPAN_KIND] for s in spans.get_finished_spans()}
     assert kinds == {"generate": "LLM", "run": "AGENT", "execute": "TOOL", "run/other": "EVALUATOR",
                      "compute_score": "CHAIN"}
+
+
+def test_an_op_inside_a_trajectory_is_validated_once_not_by_the_sdk_per_key(monkeypatch):
+    """The trajectory attributes are validated once per trajectory and the op's own once, at
+    start: the SDK's per-key cleaner never runs for a metadata-only op (it ran for every key of
+    every span before); and the span still carries everything."""
+    from opentelemetry import attributes as otel_attributes
+
+    original = otel_attributes._clean_attribute_value
+    cleaned: list = []
+
+    def counting(value, limit):
+        cleaned.append(value)
+        return original(value, limit)
+
+    @rollout_trace_op
+    def step(x):
+        return x
+
+    with capture_spans(capture_payloads=False) as exporter:
+        with rollout_trace_attr(step=3, sample_index=1, rollout_n=0):
+            step(1)  # warm: nothing lazily built on the first call is counted
+            monkeypatch.setattr(otel_attributes, "_clean_attribute_value", counting)
+            step(2)
+            monkeypatch.setattr(otel_attributes, "_clean_attribute_value", original)
+    assert cleaned == []
+    op = [s for s in exporter.get_finished_spans() if s.name.endswith("step")][-1]
+    assert op.attributes["rollout.step"] == 3 and op.attributes["rollout.sample_index"] == 1
+    assert op.attributes["otel_verl.trajectory_child"] is True
+    assert op.attributes["openinference.span.kind"] == "CHAIN"
+    assert op.attributes["session.id"] == "test/step-3/sample-1"
