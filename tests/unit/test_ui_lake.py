@@ -1,0 +1,191 @@
+"""The viewer over the lake (otel_verl/ui/_lake.py): the same numbers from the CLI, the viewer
+and ``otel-verl sql``; every hostile kind survived raw and compacted; background compaction while
+serving, with a live file's new lines shown; the SQLite index when DuckDB is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_verl.cli import main
+from otel_verl.store import group_trajectories, read_spans
+from otel_verl.store._compact import compact
+from otel_verl.store._index import StoreIndex
+from otel_verl.ui._lake import LakeSource, open_source
+from otel_verl.ui.server import UIServer
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+HERE = Path(__file__).resolve().parent
+L = _load("test_lake", HERE / "test_lake.py")              # the synthetic GRPO store
+HS = _load("test_hostile_store", HERE / "test_hostile_store.py")  # every view, as served
+H = HS.H
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+class _Served:
+    def __init__(self, source: Any) -> None:
+        self.srv = UIServer(source, port=0, poll_s=0.0)
+        threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        self.api = self.srv.url + "api/"
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal; floats to 1e-12 (DuckDB sums doubles on several threads, so the last bit of a
+    mean may differ between two runs of the same query)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-12 * max(1.0, abs(a))
+    return bool(a == b)
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+_SAME = ("trajectories", "traced", "partial", "estimated", "weight", "reward_mean",
+         "reward_mean_unweighted", "pass_rate", "error_rate", "with_errors", "by_reason", "ran",
+         "dropped")
+
+
+def test_cli_viewer_and_sql_give_the_same_numbers(tmp_path: Path, capsys: Any) -> None:
+    """One store (weights, errors, partial trajectories, reports), half compacted: the step
+    statistics of ``traces list --steps``, of the viewer's overview and of ``sql`` over
+    ``steps`` are the same numbers, and so are the trajectory counts per step."""
+    store = tmp_path / "store"
+    L.write_store(store, 11, files=2)
+    compact(store, live_bytes=0, chunk_spans=50)
+    L.write_store(store, 12, steps=4, files=1, base=10_000)  # raw lines beside the segments
+    cli = _cli(capsys, "traces", "list", "--steps", "--dir", str(store), "--json")
+    columns = ", ".join(c for c in _SAME if c not in ("ran", "dropped"))
+    sql = _cli(capsys, "sql", f"SELECT experiment, validate, step, {columns} FROM steps",
+               "--dir", str(store), "--json")
+    served = _Served(open_source(store))
+    try:
+        viewer = _get(served.api + "overview")["steps"]
+        by_step = {(s["experiment"], s["validate"], s["step"]): s for s in viewer}
+        assert len(by_step) == len(cli) and len(cli) >= 4
+        for row in cli:
+            shown = by_step[(row["experiment"], row["validate"], row["step"])]
+            for key in row:
+                assert _same(shown[key], row[key]), (key, shown[key], row[key])
+        assert len(sql) == len([s for s in viewer if s["trajectories"]])
+        for row in sql:
+            shown = by_step[(row["experiment"], row["validate"], row["step"])]
+            for key in row:
+                assert _same(shown[key], row[key]), (key, shown[key], row[key])
+        for step in sorted({r["step"] for r in cli if r["step"] is not None}):
+            listed = _cli(capsys, "traces", "list", "--dir", str(store), "--json", "--step",
+                          str(step))
+            counted = _cli(capsys, "sql", f"SELECT count(*) AS n FROM trajectories WHERE "
+                           f"step = {step}", "--dir", str(store), "--json")[0]["n"]
+            page = _get(served.api + f"trajectories?step={step}&page_size=1")
+            assert page["total"] == len(listed) == counted
+    finally:
+        served.close()
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_every_hostile_kind_through_the_lake(tmp_path: Path, compacted: bool) -> None:
+    """The hostile catalogue (tests/_hostile_spans.py) in one store, read raw or compacted:
+    every good trajectory is listed and shown by every view, and the banner's counts say what
+    was skipped (lines apart from spans)."""
+    good_store = tmp_path / "good"
+    H.write_good_store(good_store, HS.GOOD)
+    good = HS._good_keys(good_store, tmp_path)
+    store = HS._copy(good_store, tmp_path)
+    H.poison_store(store, list(H.KINDS))
+    if compacted:
+        compact(store, live_bytes=0)
+    source = LakeSource(store, compact=False)
+    try:
+        assert source.problems()["segments"] > 0 if compacted else source.problems()["raw_files"]
+        keys = {r["key"] for r in source.trajectories(page_size=1000)["rows"]}
+        assert good <= keys
+        assert HS._every_view(source, good) == HS.GOOD
+        problems = source.problems()
+        assert problems["bad_lines"] >= 4 and problems["bad_spans"] >= 10, problems
+    finally:
+        source.close()
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def test_background_compaction_while_serving_and_a_live_file_shows(tmp_path: Path) -> None:
+    """``otel-verl ui``'s background: the closed files (their writer is gone) are compacted on
+    the thread while the viewer answers; a file still being written is not, and its new lines
+    show within the poll period; no trajectory is counted twice."""
+    store = tmp_path / "store"
+    L.write_store(store, 5, files=2)
+    host = socket.gethostname()
+    for i, path in enumerate(sorted(store.glob("*.jsonl"))):  # as written by a finished run
+        path.rename(store / f"otel_verl-{host}-{_dead_pid()}-20261201T00000000{i}Z.jsonl")
+    expected = len(group_trajectories(read_spans(store)))
+    source = open_source(store, background=True, poll_s=0.05)
+    assert isinstance(source, LakeSource)
+    served = _Served(source)
+    try:
+        deadline = time.monotonic() + 60
+        while source.problems()["segments"] == 0 and time.monotonic() < deadline:
+            assert _get(served.api + "trajectories?page_size=1")["total"] == expected
+            time.sleep(0.05)
+        assert source.compactions >= 1 and source.problems()["raw_files"] == 0
+        assert _get(served.api + "trajectories?page_size=1")["total"] == expected
+        generation = _get(served.api + "meta")["generation"]
+        live = store / f"otel_verl-{host}-{os.getpid()}-20261201T000000009Z.jsonl"
+        L.write_store(tmp_path / "more", 6, steps=2, files=1, base=50_000)
+        (more,) = (tmp_path / "more").glob("*.jsonl")
+        added = len(group_trajectories(read_spans(more)))
+        live.write_bytes(more.read_bytes())
+        while (_get(served.api + "trajectories?page_size=1")["total"] != expected + added
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert _get(served.api + "trajectories?page_size=1")["total"] == expected + added
+        assert _get(served.api + "meta")["generation"] > generation
+        assert source.problems()["raw_files"] == 1  # the live file is read directly
+    finally:
+        served.close()
+        source.close()
+
+
+def test_without_duckdb_the_sqlite_index_serves_and_says_so(tmp_path: Path,
+                                                              monkeypatch: Any) -> None:
+    L.write_store(tmp_path, 3)
+    monkeypatch.setitem(sys.modules, "duckdb", None)  # import duckdb raises ImportError
+    monkeypatch.delitem(sys.modules, "otel_verl.store._query", raising=False)
+    said: list[str] = []
+    source = open_source(tmp_path, tmp_path / "index.sqlite3", say=said.append)
+    assert isinstance(source, StoreIndex)
+    assert "pip install 'otel-verl[lake]'" in said[0] and "SQLite index" in said[0]
+    assert source.problems()["trajectories"] == len(group_trajectories(read_spans(tmp_path)))
