@@ -133,3 +133,40 @@ def _fresh(index: object, count: int, seen: set[int]) -> bool:
         return False
     seen.add(index)
     return True
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A delivery read record by record (a log record holds one span, or several: older logs).
+
+    Attributes:
+        done: how many records from the start are settled (every span accepted or rejected):
+            the cursor may move past them.
+        rejected: ``(record, reason)`` for each settled record with a span refused for good
+            (quarantined whole, never retried).
+        delivered: spans accepted among the settled records.
+        retry: records from ``done`` on wait for another attempt (a span of ``done`` was
+            retryable).
+    """
+
+    done: int
+    rejected: tuple[tuple[int, str], ...]
+    delivered: int
+    retry: bool
+
+
+def settle(delivery: Delivery, records: Sequence[int], count: int) -> Settled:
+    """``delivery`` of spans whose records are ``records`` (``records[i]``: the record of span
+    ``i``, in order), over ``count`` records (a record with no span, like a damaged one kept
+    aside, is settled as it is)."""
+    retry_from = count
+    for index in delivery.retryable:
+        retry_from = min(retry_from, records[index])
+    reasons: dict[int, str] = {}
+    for index, reason in delivery.rejected:
+        record = records[index]
+        if record < retry_from:
+            reasons.setdefault(record, reason)
+    delivered = sum(1 for index in delivery.accepted if records[index] < retry_from)
+    return Settled(done=retry_from, rejected=tuple(sorted(reasons.items())),
+                   delivered=delivered, retry=retry_from < count)

@@ -276,6 +276,21 @@ def _key_value(out: Out, tag: bytes, kv: Any) -> int:
     value = kv.get("value")
     if len(kv) != (key is not None) + (value is not None):
         raise _Unwritable("a KeyValue with a field this writer does not know")
+    if type(key) is str and type(value) is dict and len(value) == 1 and \
+            type(value.get("stringValue")) is str:  # the common case, in one go
+        name = key.encode("utf-8")
+        data = value["stringValue"].encode("utf-8")
+        n = len(data)
+        inner = b"\x0a" + (_SMALL[n] if n < 0x80 else _varint(n))
+        m = len(inner) + n
+        k = len(name)
+        head = ((b"\x0a" + (_SMALL[k] if k < 0x80 else _varint(k)) + name) if k else b"") + \
+            b"\x12" + (_SMALL[m] if m < 0x80 else _varint(m)) + inner
+        total = len(head) + n
+        head = tag + (_SMALL[total] if total < 0x80 else _varint(total)) + head
+        out.append(head)
+        out.append(data)
+        return len(head) + n
     slot = len(out)
     out.append(b"")
     n = _text(out, b"\x0a", key) if key is not None else 0

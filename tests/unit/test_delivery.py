@@ -158,3 +158,16 @@ def test_the_weave_exporter_says_retryable_when_its_server_is_down():
         assert got == Delivery(retryable=(0, 1, 2), detailed=True)
         exporter.shutdown()
         assert deliver(exporter, _spans("a")) == Delivery(retryable=(0,), detailed=True)
+
+
+def test_a_delivery_settles_the_records_before_the_first_retryable_one():
+    from otel_verl.exporters._delivery import settle
+
+    # records 0..4; record 1 holds spans 1 and 2, record 3 has no span (damaged, kept aside)
+    records = [0, 1, 1, 2, 4]
+    got = settle(Delivery(accepted=(0, 1, 3), rejected=((2, "bad"),), retryable=(4,)), records, 5)
+    assert (got.done, got.rejected, got.delivered, got.retry) == (4, ((1, "bad"),), 3, True)
+    got = settle(Delivery(accepted=(0, 1, 2, 4), rejected=((3, "bad"),)), records, 5)
+    assert (got.done, got.rejected, got.delivered, got.retry) == (5, ((2, "bad"),), 4, False)
+    got = settle(Delivery(retryable=(0, 1, 2, 3, 4)), records, 5)
+    assert (got.done, got.rejected, got.delivered, got.retry) == (0, (), 0, True)
