@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span, Status, StatusCode
@@ -72,11 +72,21 @@ def payload_attrs(runtime: Runtime, input: Any, output: Any,
     config = runtime.config
     budget = config.max_span_bytes - len(existing.get(semconv.INPUT_VALUE, ""))
     attrs: dict[str, Any] = {}
+    coded_field = None
     if type(input) is dict:  # an op's bound inputs: a prompt is recorded as what it adds
         coded = content_inputs(runtime, input)
         if coded is not None:
             input, content_attrs = coded
             attrs.update(content_attrs)
+            coded_field = content_attrs[semconv.CONTENT_FIELD]
+    refs = 0
+    if input is not UNSET:
+        input, refs = content_refs(runtime, input, coded_field)
+    if output is not UNSET:
+        output, found = content_refs(runtime, output)
+        refs += found
+    if refs:
+        attrs[semconv.CONTENT_REFS] = existing.get(semconv.CONTENT_REFS, 0) + refs
     truncated: list[str] = []
     redacted = 0
     errors: list[str] = []
@@ -178,11 +188,129 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any]
     return shown, attrs
 
 
+#: a list shorter than this is never replaced by a reference (it costs less than one)
+REF_MIN_ITEMS = 64
+
+
+def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple[Any, int]:
+    """``value`` with its large lists of content (token ids, messages) replaced by references
+    into the content store, and how many were replaced: a list that repeats the trajectory's
+    content (the agent loop's ``prompt_ids``/``response_ids``) points into its chain
+    (``DeltaChain.reference``); any other list over ``content_inline_bytes`` (a dataset prompt)
+    is stored once by its id (``{"$content": id, "len": n, "delta": []}``).
+
+    Top-level fields of a mapping, a dataclass or a pydantic model, and one level below them
+    (``skip``: a field left as it is). With ``content_dedup`` off or nothing to replace:
+    ``value`` itself."""
+    options = ContentOptions(runtime.config)
+    if not options.dedup or value is None or type(value) in (str, int, float, bool, list, tuple):
+        return value, 0
+    try:
+        fields = as_dict(value)
+    except Exception:  # noqa: BLE001 - a user object: recorded as it is
+        return value, 0
+    if len(fields) == 1 and fields.get("output") is value:
+        return value, 0
+    traj = TRAJECTORY.get()
+    chains = [c for c in traj.content.values() if type(c) is _content.DeltaChain] \
+        if traj is not None else []
+    count = 0
+    out: dict[str, Any] | None = None
+    for key, item in fields.items():
+        if key == skip:  # the delta-coded prompt (its head, when shown in part)
+            continue
+        new = _ref(runtime, options, item, chains)
+        if new is None and type(item) is dict:
+            inner: dict[str, Any] | None = None
+            for name, sub in item.items():
+                ref = _ref(runtime, options, sub, chains)
+                if ref is not None:
+                    inner = dict(item) if inner is None else inner
+                    inner[name] = ref
+                    count += 1
+            new = inner
+        elif new is not None:
+            count += 1
+        if new is not None:
+            out = dict(fields) if out is None else out
+            out[key] = new
+    return (out, count) if out is not None else (value, 0)
+
+
+def _ref(runtime: Runtime, options: ContentOptions, item: Any,
+         chains: list[_content.DeltaChain]) -> dict[str, Any] | None:
+    kind = type(item)
+    if (kind is not list and kind is not tuple) or len(item) < REF_MIN_ITEMS and \
+            type(item[0] if item else None) is not dict:
+        return None
+    head = type(item[0])
+    if head is int:
+        wanted = _content.KIND_TOKENS
+        big = len(item) * 4 > options.inline_bytes
+    elif head is dict:
+        wanted = _content.KIND_MESSAGES
+        big = sum(len(m.get("content") or "") if type(m) is dict and
+                  type(m.get("content")) is str else 0 for m in item) > options.inline_bytes
+    else:
+        return None
+    value = item if kind is list else list(item)
+    if len(value) >= REF_MIN_ITEMS or big:
+        for chain in chains:
+            if chain.kind == wanted:
+                ref = chain.reference(value)
+                if ref is not None:
+                    return ref
+    if not big:
+        return None
+    step = _content.root_step(wanted, value)
+    if step is None:
+        return None
+    if content_store(runtime).put(wanted, step) != "stored":
+        return None  # over budget: the list stays in the payload (capped), not a dead link
+    return {_content.REF_KEY: step.id, "len": step.length, "delta": []}
+
+
 def _preview(kind: str, step: _content.Step, limit: int) -> Any:
     """A head of a delta that is stored out of line: about ``limit`` bytes of it."""
     if kind == _content.KIND_TOKENS:
         return step.delta[: step.delta_bytes.count(b",", 0, limit)]
     return to_payload(step.delta, max_bytes=max(256, limit), redact=False).json
+
+
+#: the chain of ``gen_ai.input.messages`` (apart from an op input's ``messages``)
+_GENAI_MESSAGES = "gen_ai.input.messages"
+
+
+def input_messages_attrs(messages: Sequence[Mapping[str, Any]],
+                         convert: Callable[[Sequence[Mapping[str, Any]]], Any]) -> dict[str, Any]:
+    """``gen_ai.input.messages`` of an LLM call (capped, as ``payload_json``), as what the call
+    appends to the trajectory's previous call: ``convert`` (e.g. to the GenAI message format)
+    runs on the appended messages only, and ``otel_verl.content.messages_*`` say what they
+    extend. With ``content_dedup`` off, or outside a trajectory: all of them, as before."""
+    runtime = STATE.runtime
+    traj = TRAJECTORY.get()
+    if (runtime is None or traj is None or not ContentOptions(runtime.config).dedup
+            or not messages):
+        return {semconv.GEN_AI_INPUT_MESSAGES: payload_json(convert(messages))}
+    chain = _content.chains_of(traj.content, _GENAI_MESSAGES, _content.KIND_MESSAGES)
+    step = chain.begin(messages)
+    if step is None:
+        return {semconv.GEN_AI_INPUT_MESSAGES: payload_json(convert(messages))}
+    chain.finish(step.id, step.length, None, None)  # the answer comes back in the next prompt
+    stored = content_store(runtime).put(_content.KIND_MESSAGES, step)
+    config = runtime.config
+    # a large delta is in the store: the span shows a head of it (``content_inline_bytes``)
+    limit = ContentOptions(config).inline_bytes if stored == "stored" else config.max_field_bytes
+    attrs: dict[str, Any] = {
+        semconv.GEN_AI_INPUT_MESSAGES: to_payload(convert(step.delta), max_bytes=limit,
+                                                  redact=config.redact).json,
+        semconv.CONTENT_MESSAGES_ID: step.id, semconv.CONTENT_MESSAGES_LEN: step.length,
+        semconv.CONTENT_MESSAGES_STORED: stored,
+    }
+    if step.base_id is not None:
+        attrs[semconv.CONTENT_MESSAGES_BASE_ID] = step.base_id
+        attrs[semconv.CONTENT_MESSAGES_BASE_LEN] = step.base_len
+    return attrs
 
 
 def content_outputs(span: Span, output: Any) -> dict[str, Any]:

@@ -196,8 +196,8 @@ class DeltaChain:
     call's span id. Not thread-safe by itself: the calls of one trajectory run on one event loop.
     """
 
-    __slots__ = ("_items", "_kind", "_prompt_hasher", "_prompt_id", "_prompt_len", "_full_hasher",
-                 "_full_id", "_full_len", "_span_id")
+    __slots__ = ("_full_hasher", "_full_id", "_full_len", "_items", "_kind", "_marks",
+                 "_prompt_hasher", "_prompt_id", "_prompt_len", "_span_id")
 
     def __init__(self, kind: str) -> None:
         self._kind = kind
@@ -208,6 +208,12 @@ class DeltaChain:
         self._prompt_hasher: Any = None
         self._full_hasher: Any = None
         self._span_id: str | None = None
+        #: (length, id) of every node along ``_items``: where a reference may point
+        self._marks: list[tuple[int, str]] = []
+
+    @property
+    def kind(self) -> str:
+        return self._kind
 
     def _encode(self, items: Sequence[Any]) -> bytes | None:
         return token_bytes(items) if self._kind == KIND_TOKENS else message_bytes(items)
@@ -245,8 +251,13 @@ class DeltaChain:
         if base_id is not None:
             del self._items[base_len:]
             self._items.extend(delta)
+            while self._marks and self._marks[-1][0] > base_len:
+                self._marks.pop()
         else:
             self._items = list(new)
+            self._marks = []
+        if not self._marks or self._marks[-1][0] != step.length:
+            self._marks.append((step.length, step.id))
         self._prompt_len = self._full_len = step.length
         self._prompt_id = self._full_id = step.id
         self._prompt_hasher = hasher.copy()
@@ -276,10 +287,45 @@ class DeltaChain:
         node = Step(_content_id(self._kind, hasher), length + len(items), hasher, items, data,
                     content_id, length, span_id)
         self._items.extend(items)
+        self._marks.append((node.length, node.id))
         self._full_len = node.length
         self._full_id = node.id
         self._full_hasher = hasher
         return node
+
+
+    def reference(self, value: list[Any]) -> dict[str, Any] | None:
+        """``value`` as a reference into this chain's content, when it is a prefix of it plus
+        an appended rest (``{"$content": id, "len": n, "delta": rest}``) or a run between two
+        of its nodes (``{"$content": id, "start": s, "len": n}``: ``content(id)[s:s+n]``);
+        None otherwise. C-level comparisons of ``len(value)`` items at most per candidate."""
+        n = len(value)
+        items = self._items
+        for length, content_id in reversed(self._marks):
+            if length <= n and value[:length] == items[:length]:
+                return {REF_KEY: content_id, "len": length, "delta": value[length:]}
+        starts = [length for length, _ in self._marks]
+        for end, content_id in self._marks:
+            start = end - n
+            if start > 0 and start in starts and items[start:end] == value:
+                return {REF_KEY: content_id, "start": start, "len": n}
+        return None
+
+
+#: the key of a reference object inside a payload (docs/content.md)
+REF_KEY = "$content"
+
+
+def root_step(kind: str, items: Sequence[Any]) -> Step | None:
+    """A node holding all of ``items`` (no base): content shared wider than one trajectory's
+    chain (a dataset prompt, a tool schema list), stored once by its id."""
+    data = token_bytes(items) if kind == KIND_TOKENS else message_bytes(items)
+    if data is None:
+        return None
+    hasher = _hasher()
+    hasher.update(data)
+    delta = items if type(items) is list else list(items)
+    return Step(_content_id(kind, hasher), len(delta), hasher, delta, data, None, 0, None)
 
 
 def chains_of(holder: dict[str, Any], field: str, kind: str) -> DeltaChain:

@@ -51,6 +51,9 @@ OTEL_VERL_TRAJECTORY_CHILD: Final = "otel_verl.trajectory_child"
 OTEL_VERL_TRAJECTORY_OP: Final = "otel_verl.trajectory_op"
 #: names of the payload fields that were cut to fit the size caps (list of str)
 OTEL_VERL_TRUNCATED: Final = "otel_verl.truncated"
+#: True on a span the durable log cut to fit ``max_request_bytes`` (its longest strings, then its
+#: events); not ``otel_verl.truncated``, which capture writes and which the cut keeps
+OTEL_VERL_REQUEST_TRUNCATED: Final = "otel_verl.request_truncated"
 #: how many values were replaced by the redaction marker in this span's payloads
 OTEL_VERL_REDACTED: Final = "otel_verl.redacted"
 #: payload serialisation problems (e.g. an object whose repr raised), as text
@@ -82,6 +85,16 @@ CONTENT_OUTPUT_LEN: Final = "otel_verl.content.output_len"
 CONTENT_OUTPUT_STORED: Final = "otel_verl.content.output_stored"
 #: on the trajectory span: the content id of its first LLM call's prompt
 CONTENT_PROMPT_ID: Final = "otel_verl.content.prompt_id"
+#: ``gen_ai.input.messages`` holds the messages appended since the trajectory's previous call;
+#: these say which whole message list that makes (id, length, store state) and what it extends
+CONTENT_MESSAGES_ID: Final = "otel_verl.content.messages_id"
+CONTENT_MESSAGES_LEN: Final = "otel_verl.content.messages_len"
+CONTENT_MESSAGES_STORED: Final = "otel_verl.content.messages_stored"
+CONTENT_MESSAGES_BASE_ID: Final = "otel_verl.content.messages_base_id"
+CONTENT_MESSAGES_BASE_LEN: Final = "otel_verl.content.messages_base_len"
+#: how many values of ``input.value``/``output.value`` are references into the content store
+#: (``{"$content": id, "len": n, "delta": [...]}`` or ``{"$content": id, "start": s, "len": n}``)
+CONTENT_REFS: Final = "otel_verl.content.refs"
 
 # --- OpenInference -----------------------------------------------------------------------------
 OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"

@@ -23,7 +23,7 @@ from typing import Any
 
 from otel_verl import _content, semconv
 
-__all__ = ["ContentError", "ContentIndex", "turn_prompts"]
+__all__ = ["ContentError", "ContentIndex", "resolve_refs", "turn_prompts"]
 
 
 class ContentError(ValueError):
@@ -187,3 +187,27 @@ def turn_prompts(spans: Iterable[Mapping[str, Any]], index: ContentIndex
             record["error"] = str(exc)
         out.append(record)
     return out
+
+
+def resolve_refs(value: Any, index: ContentIndex) -> Any:
+    """A decoded ``input.value``/``output.value`` with its references into the content store
+    (``{"$content": id, "len": n, "delta": [...]}``: the first n items of ``id`` then the delta;
+    ``{"$content": id, "start": s, "len": n}``: items s to s+n of ``id``) replaced by the lists
+    they stand for; a reference that cannot be resolved raises ``ContentError``."""
+    if isinstance(value, dict):
+        ref = value.get(_content.REF_KEY)
+        if type(ref) is str and type(value.get("len")) is int:
+            whole = index.rebuild(ref)
+            start = value.get("start")
+            if type(start) is int:
+                if start + value["len"] > len(whole):
+                    raise ContentError(f"reference past the end of {ref}")
+                return whole[start:start + value["len"]]
+            if value["len"] > len(whole):
+                raise ContentError(f"reference past the end of {ref}")
+            delta = value.get("delta")
+            return whole[:value["len"]] + (delta if isinstance(delta, list) else [])
+        return {k: resolve_refs(v, index) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_refs(v, index) for v in value]
+    return value

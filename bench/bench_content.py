@@ -1,0 +1,177 @@
+"""Store bytes per trajectory, whole-prompt capture (before) against per-turn content (after),
+measured in one run; and the capture CPU of one LLM turn, interleaved.
+
+The rollout of ``bench_rollout_stub.py`` (``ToolAgentLoop``, its traced token client, the
+calculator tool, 4 assistant turns, one token per character) with the engine's wait set to 0,
+``backend=file``. Modes, interleaved per context length:
+
+- before: ``content_dedup=False`` (every LLM call records its whole prompt up to the 64 KiB cap,
+  the way capture worked before per-turn content)
+- after:  the defaults (each call records what it appends; unique content once in
+  ``<trace_dir>/content/``)
+
+Printed per context length: bytes per trajectory in the trace files and in the content store,
+the trajectory's unique content (its final token list and its message list, compact JSON: what
+a store holding each piece once would hold), the ratio stored / unique, and whether every LLM
+call's whole prompt rebuilds from the store exactly as the engine received it ("complete").
+
+Then the capture CPU of one turn (the op's input capture, ``payload_attrs``) at turn 4 of a
+trajectory, before and after, medians of interleaved repeats (the prefix check is a C-level
+list comparison: it grows with the context at memcmp-like speed; the rest grows with what the
+turn added).
+
+Run: ``python bench/bench_content.py [--trajectories 8] [--contexts 32768,131072]`` in a venv
+with the unit tier's requirements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_rollout_stub as stub  # noqa: E402
+
+from otel_verl import RolloutTraceConfig, rollout_trace_attr  # noqa: E402
+from otel_verl._capture import UNSET, payload_attrs  # noqa: E402
+from otel_verl._state import STATE, TRAJECTORY, Trajectory  # noqa: E402
+from otel_verl.rollout.agent_loop import ToolAgentLoop  # noqa: E402
+from otel_verl.rollout.reward import Gsm8kReward  # noqa: E402
+from otel_verl.rollout.tools import CalculatorTool  # noqa: E402
+from otel_verl.store import read_spans  # noqa: E402
+from otel_verl.store._content import ContentIndex, turn_prompts  # noqa: E402
+
+stub.TURN_S = 0.0
+
+
+class RecordingClient(stub.SlowEngineClient):
+    """The scripted engine, keeping every prompt it received (to check the rebuild)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.received: list[list[int]] = []
+
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: Any,
+                        headers: Any) -> Any:
+        self.received.append(list(prompt_ids))
+        return await super()._generate(request_id, prompt_ids, sp, headers)
+
+
+def _compact(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _sizes(trace_dir: str) -> tuple[int, int]:
+    """(bytes of span files, bytes of content store files) under a trace dir."""
+    spans = content = 0
+    for root, _dirs, files in os.walk(trace_dir):
+        for name in files:
+            size = os.path.getsize(os.path.join(root, name))
+            if name.endswith(".nodes"):
+                content += size
+            elif name.endswith(".jsonl") and os.sep + "spool" not in root:
+                spans += size
+    return spans, content
+
+
+def run_mode(mode: str, n: int, context: int) -> dict[str, Any]:
+    trace_dir = tempfile.mkdtemp(prefix=f"bench_content_{mode}_")
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init("bench", "content", "file", trace_dir=trace_dir,
+                            content_dedup=(mode == "after"))
+    tokenizer = stub.FastCharTokenizer()
+    client = RecordingClient(tokenizer)
+    loop = ToolAgentLoop(client, tokenizer, tools=[CalculatorTool()], reward_fn=Gsm8kReward(),
+                         max_assistant_turns=4, max_user_turns=4, max_response_length=4096)
+    rows = [stub._row(i, context) for i in range(n)]
+
+    async def one(i: int) -> Any:
+        with rollout_trace_attr(step=1, sample_index=i, rollout_n=0, name="agent_loop"):
+            return await loop.run({"temperature": 1.0, "max_tokens": 256}, **rows[i])
+
+    async def batch() -> list[Any]:
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+    outs = asyncio.run(batch())
+    RolloutTraceConfig.shutdown(60.0)
+    unique = sum(_compact(o.prompt_ids + o.response_ids) + _compact(o.extra_fields["messages"])
+                 for o in outs)
+    spans_bytes, content_bytes = _sizes(trace_dir)
+    complete = None
+    if mode == "after":
+        spans = list(read_spans(trace_dir, warn=False))
+        rebuilt = sorted(map(tuple, (p.get("prompt") or [] for p in
+                                     turn_prompts(spans, ContentIndex.load(trace_dir)))))
+        complete = rebuilt == sorted(map(tuple, client.received))
+    return {"spans": spans_bytes / n, "content": content_bytes / n, "unique": unique / n,
+            "complete": complete}
+
+
+def turn_cpu(context: int, dedup: bool, repeats: int) -> float:
+    """Median seconds of the input capture of turn 4 (after 3 turns warmed the chain)."""
+    RolloutTraceConfig.reset()
+    trace_dir = tempfile.mkdtemp(prefix="bench_content_cpu_")
+    RolloutTraceConfig.init("bench", "content", "file", trace_dir=trace_dir,
+                            content_dedup=dedup)
+    runtime = STATE.runtime
+    assert runtime is not None
+    prompt = list(range(1000, 1000 + context))
+    times = []
+    for _ in range(repeats):
+        traj = Trajectory({}, None, True)
+        token = TRAJECTORY.set(traj)
+        try:
+            ids = list(prompt)
+            for _turn in range(4):
+                inputs = {"request_id": "r", "prompt_ids": ids, "sampling_params": {}}
+                t0 = time.perf_counter()
+                payload_attrs(runtime, inputs, UNSET, {})
+                elapsed = time.perf_counter() - t0
+                ids = ids + list(range(50, 150)) + list(range(200, 300))  # answer + tool turn
+            times.append(elapsed)  # turn 4
+        finally:
+            TRAJECTORY.reset(token)
+    RolloutTraceConfig.reset()
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trajectories", type=int, default=8)
+    parser.add_argument("--contexts", default="32768,131072")
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    contexts = [int(c) for c in args.contexts.split(",")]
+    print(f"store bytes per trajectory ({args.trajectories} trajectories x 4 turns, file "
+          "backend)")
+    print(f"{'context':>8} {'mode':>7} {'span files':>11} {'content':>9} {'total':>9} "
+          f"{'unique':>9} {'total/unique':>12}  complete")
+    for context in contexts:
+        for mode in ("before", "after"):
+            r = run_mode(mode, args.trajectories, context)
+            total = r["spans"] + r["content"]
+            done = "-" if r["complete"] is None else ("yes" if r["complete"] else "NO")
+            print(f"{context:>8} {mode:>7} {r['spans'] / 1024:>9.1f}Ki {r['content'] / 1024:>7.1f}"
+                  f"Ki {total / 1024:>7.1f}Ki {r['unique'] / 1024:>7.1f}Ki "
+                  f"{total / r['unique']:>12.2f}  {done}", flush=True)
+    print("\ninput capture of turn 4 (payload_attrs), medians of interleaved repeats")
+    for context in contexts:
+        before, after = [], []
+        for _ in range(3):  # interleaved blocks: load on the machine cancels out
+            before.append(turn_cpu(context, False, args.repeats))
+            after.append(turn_cpu(context, True, args.repeats))
+        b, a = statistics.median(before), statistics.median(after)
+        print(f"{context:>8} tokens: before {b * 1e6:8.0f} us   after {a * 1e6:8.0f} us   "
+              f"after/before {a / b:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
