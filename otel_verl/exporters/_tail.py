@@ -14,6 +14,11 @@ when a keep rule matches:
   tie both outcomes are kept), else at least ``tail_reward_z`` standard deviations from the mean;
 - ``groups``: when any rollout of a group is kept by a rule above, the whole group is kept.
 
+The rules are policies (``otel_verl.exporters._tail_policy``): pure functions over a finished
+trajectory and its group that return a reason and a weight. Pass your own with ``policies=``.
+This processor is the mechanism: it buffers, asks the policies, and applies their decisions
+(budget, export, counts, the report).
+
 A group is (experiment, validate, step, sample_index) **on this worker**: it is decided when
 ``group_size`` of its trajectories have ended here, or when its step is over on this worker (a
 trajectory of another step started and none of its own is running), after
@@ -35,13 +40,15 @@ caps what the tail rules add per step (the rest counted as ``over_budget``).
 Usage (``otel_verl._provider`` does this when ``tail_keep`` is set)::
 
     processor = TailSamplingProcessor(BoundedBatchProcessor(exporter), keep=("errors",),
-                                      group_size=8, resource=provider.resource)
+                                      group_size=8, resource=provider.resource,
+                                      policies=[my_policy])  # optional: your own rules
     provider.add_span_processor(processor)
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import threading
 import time
@@ -59,9 +66,35 @@ from otel_verl import _errors, semconv
 from otel_verl._config import TraceConfig
 from otel_verl._fork import LiveInstances
 from otel_verl.exporters._spans import copy_span, shutdown_within
+from otel_verl.exporters._tail_policy import (
+    RULES,
+    GroupKey,
+    GroupView,
+    KeepDecision,
+    Policy,
+    StepKey,
+    TailPolicy,
+    TrajectoryView,
+    builtin_policies,
+    group_view,
+    reward_outliers,
+)
 from otel_verl.semconv import SamplingReason
 
-RULES = ("errors", "truncated", "reward_outliers", "groups")
+__all__ = [
+    "RULES",
+    "GroupView",
+    "KeepDecision",
+    "Policy",
+    "TailPolicy",
+    "TailSamplingProcessor",
+    "TrajectoryView",
+    "reward_outliers",
+    "span_bytes",
+    "with_attributes",
+]
+
+_log = logging.getLogger(__name__)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 #: bytes of a finished SDK span with no attributes (its BoundedAttributes with a lock, context,
 #: status, ...) and of one event, measured with tracemalloc (opentelemetry-sdk 1.45, CPython 3.11)
@@ -72,12 +105,6 @@ _MAX_STEPS_KEPT = 64
 _MAX_CLOSED_GROUPS = 4096
 _TRUNCATING_TERMINATIONS = frozenset(semconv.TRUNCATING_TERMINATIONS)
 _TRUNCATING_FINISH = frozenset(semconv.TRUNCATING_FINISH_REASONS)
-#: reasons that make the ``groups`` rule keep the rest of the group
-_RULE_REASONS = frozenset((SamplingReason.ERROR, SamplingReason.TRUNCATED,
-                           SamplingReason.REWARD_OUTLIER))
-
-StepKey = tuple[Any, Any, Any]  # (experiment, validate, step)
-GroupKey = tuple[Any, Any, Any, Any]  # (experiment, validate, step, sample_index)
 _NO_ATTRIBUTES: Mapping[str, Any] = {}
 
 
@@ -129,6 +156,7 @@ class _Undecided:
         "step",
         "truncated",
         "verdict",
+        "view",
     )
 
     def __init__(self, span_id: int, step: StepKey, group: GroupKey,
@@ -147,6 +175,12 @@ class _Undecided:
         self.spilled = False
         self.verdict: bool | None = None  # None: undecided; True: exported; False: dropped
         self.reason: str | None = None
+        #: what the policies see, fixed when its trajectory span ends
+        self.view: TrajectoryView | None = None
+
+    def kept_reason(self) -> str | None:
+        """The reason it was exported with, None while undecided or when dropped."""
+        return self.reason if self.verdict else None
 
 
 class _Group:
@@ -166,30 +200,96 @@ class _Step:
         self.tail_kept = 0  # for the budget: every tail keep of this step, never reset
 
 
-def reward_outliers(rewards: list[float], z: float) -> set[int]:
-    """Positions of the outliers among a group's rewards (see the module docstring).
+class _Ledger:
+    """The counts: per step (since its last report, and for the budget) and in total; the step
+    that runs now; the report spans."""
 
-    Args:
-        rewards: the group's rewards (two or more to find anything).
-        z: the z-score threshold for continuous rewards.
+    def __init__(self, resource: Resource, scope: InstrumentationScope) -> None:
+        self.steps: dict[StepKey, _Step] = {}
+        self.current: StepKey | None = None
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._resource = resource
+        self._scope = scope
+        self._ids = RandomIdGenerator()
 
-    Returns:
-        The positions in ``rewards`` of the trajectories to keep.
-    """
-    distinct = set(rewards)
-    if len(rewards) < 2 or len(distinct) < 2:
-        return set()
-    if distinct <= {0.0, 1.0} or distinct <= {-1.0, 1.0}:  # binary: the minority outcome
-        counts = collections.Counter(rewards)
-        (low_value, low), (_, high) = sorted(counts.items(), key=lambda kv: kv[1])
-        if low == high:  # a tie: both outcomes are as rare; keep the whole (informative) group
-            return set(range(len(rewards)))
-        return {i for i, r in enumerate(rewards) if r == low_value}
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    if std == 0.0 or not math.isfinite(std):
-        return set()
-    return {i for i, r in enumerate(rewards) if abs(r - mean) / std >= z}
+    def step(self, key: StepKey) -> _Step:
+        step = self.steps.get(key)
+        if step is None:
+            step = self.steps[key] = _Step()
+        return step
+
+    def count(self, step: _Step, what: str, ran: bool = True) -> None:
+        step.counts[what] += 1
+        self.counts[what] += 1
+        if ran:
+            step.counts["ran"] += 1
+            self.counts["ran"] += 1
+
+    def report(self, key: StepKey, out: list[ReadableSpan]) -> None:
+        """The step's counts since its last report as a report span, if there are any."""
+        step = self.steps.get(key)
+        if step is None or not step.counts:
+            return
+        counts, step.counts = step.counts, collections.Counter()
+        context = SpanContext(self._ids.generate_trace_id(), self._ids.generate_span_id(),
+                              is_remote=False, trace_flags=_SAMPLED)
+        out.append(report_span(key, counts, context, self._resource, self._scope))
+        self.counts["reports"] += 1
+
+    def forget_old_steps(self) -> None:
+        if len(self.steps) > _MAX_STEPS_KEPT:
+            for old in list(self.steps)[: len(self.steps) - _MAX_STEPS_KEPT]:
+                if self.steps[old].open <= 0 and not self.steps[old].counts:
+                    del self.steps[old]
+
+
+def _observe(trajectory: _Undecided, span: ReadableSpan) -> None:
+    """What the built-in rules look at in each span: errors and truncation."""
+    attributes = _attributes(span)
+    if span.status.status_code is StatusCode.ERROR or \
+            attributes.get(semconv.ERROR_TYPE) is not None:
+        trajectory.error = True
+    reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
+    if reasons and not isinstance(reasons, str) and any(r in _TRUNCATING_FINISH
+                                                        for r in reasons):
+        trajectory.truncated = True
+    if attributes.get(semconv.ROLLOUT_TERMINATION) in _TRUNCATING_TERMINATIONS:
+        trajectory.truncated = True
+
+
+def _view(trajectory: _Undecided) -> TrajectoryView:
+    view = trajectory.view
+    if view is None:  # not ended through _root_ended (cannot happen for a group member)
+        view = TrajectoryView(_NO_ATTRIBUTES, trajectory.group, trajectory.error,
+                              trajectory.truncated, trajectory.reward, trajectory.head_weight)
+    return view
+
+
+def _first(policies: tuple[TailPolicy, ...], view: TrajectoryView, group: GroupView | None,
+           counts: collections.Counter[str]) -> KeepDecision | None:
+    for policy in policies:
+        decision = _ask(policy, view, group, counts)
+        if decision is not None:
+            return decision
+    return None
+
+
+def _ask(policy: TailPolicy, view: TrajectoryView, group: GroupView | None,
+         counts: collections.Counter[str]) -> KeepDecision | None:
+    """One policy's decision; one that raises or answers something else has no opinion."""
+    try:
+        decision = policy.decide(view, group)
+    except Exception as exc:
+        counts["policy_errors"] += 1
+        _POLICY_WARNING.warn("otel_verl: tail policy %s raised %s: %s (treated as no opinion)",
+                             policy.name, type(exc).__name__, exc)
+        return None
+    if decision is None or isinstance(decision, KeepDecision):
+        return decision
+    counts["policy_errors"] += 1
+    _POLICY_WARNING.warn("otel_verl: tail policy %s returned %r, not a KeepDecision or None "
+                         "(treated as no opinion)", policy.name, decision)
+    return None
 
 
 class TailSamplingProcessor(SpanProcessor):
@@ -197,7 +297,7 @@ class TailSamplingProcessor(SpanProcessor):
 
     Args:
         next_processor: the export processor (receives every span that is to be exported).
-        keep: the tail rules, a subset of ``RULES``.
+        keep: the built-in tail rules, a subset of ``RULES``.
         group_size: trajectories per group (GRPO's n); None: groups end only at a step change,
             the timeout or a flush.
         reward_z: the z-score threshold for continuous rewards.
@@ -206,56 +306,52 @@ class TailSamplingProcessor(SpanProcessor):
         group_timeout_s: an incomplete group is decided after this long.
         resource: the provider's resource (for the report spans).
         clock: monotonic seconds (tests).
+        policies: your own policies (functions or ``TailPolicy``), asked after the built-in
+            per-trajectory rules and before ``groups`` (``otel_verl.exporters._tail_policy``).
     """
 
     def __init__(self, next_processor: SpanProcessor, *, keep: Iterable[str],
                  group_size: int | None = None, reward_z: float = 2.0,
                  max_per_step: int | None = None, buffer_bytes: int = 64 * 1024 * 1024,
                  group_timeout_s: float = 300.0, resource: Resource | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        keep = tuple(keep)
-        unknown = set(keep) - set(RULES)
-        if unknown:
-            raise ValueError(f"tail_keep: unknown rule(s) {sorted(unknown)}; known: "
-                             f"{', '.join(RULES)}")
+                 clock: Callable[[], float] = time.monotonic,
+                 policies: Iterable[Policy] = ()) -> None:
         self.next = next_processor
-        self.keep = keep
-        self._errors = "errors" in keep
-        self._truncated = "truncated" in keep
-        self._outliers = "reward_outliers" in keep
-        self._groups = "groups" in keep
-        self._grouped = self._outliers or self._groups
+        self.keep = tuple(keep)
+        self.policies = builtin_policies(self.keep, reward_z, policies)
+        #: asked when a trajectory ends / when its group is decided
+        self._alone = tuple(p for p in self.policies if not p.needs_group)
+        self._with_group = tuple(p for p in self.policies if p.needs_group)
+        self._grouped = bool(self._with_group)  # trajectories wait for their group
         self._group_size = group_size
-        self._z = reward_z
         self._budget = max_per_step
         self._max_bytes = buffer_bytes
         self._timeout = group_timeout_s
         self._resource = resource or Resource.get_empty()
         self._scope = InstrumentationScope("otel_verl")
         self._clock = clock
-        self._ids = RandomIdGenerator()
         self._lock = threading.RLock()
         self._reset_state()
         _AFTER_FORK.add(self)
 
     @classmethod
     def from_config(cls, next_processor: SpanProcessor, config: TraceConfig,
-                    resource: Resource | None = None) -> TailSamplingProcessor:
+                    resource: Resource | None = None,
+                    policies: Iterable[Policy] = ()) -> TailSamplingProcessor:
         """The processor for a resolved configuration (``tail_keep``, ``group_size``, ...)."""
         return cls(next_processor, keep=config.tail_keep, group_size=config.group_size,
                    reward_z=config.tail_reward_z, max_per_step=config.tail_max_per_step_per_worker,
                    buffer_bytes=config.tail_buffer_bytes,
-                   group_timeout_s=config.tail_group_timeout_s, resource=resource)
+                   group_timeout_s=config.tail_group_timeout_s, resource=resource,
+                   policies=policies)
 
     def _reset_state(self) -> None:
         self._owner: dict[int, _Undecided] = {}  # span id -> its provisional trajectory
         self._undecided: dict[int, _Undecided] = {}  # trajectory span id -> it, oldest first
         self._waiting: dict[GroupKey, _Group] = {}  # groups not decided yet, oldest first
         self._closed: collections.OrderedDict[GroupKey, bool] = collections.OrderedDict()
-        self._steps: dict[StepKey, _Step] = {}
-        self._current: StepKey | None = None
+        self._ledger = _Ledger(self._resource, self._scope)
         self._bytes = 0
-        self._counts: collections.Counter[str] = collections.Counter()
         self._stopped = False
 
     # -- the rollout's side ----------------------------------------------------------------------
@@ -306,9 +402,7 @@ class TailSamplingProcessor(SpanProcessor):
         step_key: StepKey = (attributes.get(semconv.ROLLOUT_EXPERIMENT_NAME),
                              bool(attributes.get(semconv.ROLLOUT_VALIDATE)),
                              attributes.get(semconv.ROLLOUT_STEP))
-        step = self._steps.get(step_key)
-        if step is None:
-            step = self._steps[step_key] = _Step()
+        step = self._ledger.step(step_key)
         step.open += 1
         provisional = attributes.get(semconv.OTEL_VERL_PROVISIONAL)
         if provisional or attributes.get(semconv.ROLLOUT_SAMPLING_REASON) == SamplingReason.HEAD:
@@ -321,9 +415,9 @@ class TailSamplingProcessor(SpanProcessor):
             if provisional:
                 self._undecided[span_id] = trajectory
         out: list[ReadableSpan] = []
-        if step_key != self._current:  # a step change: the steps with nothing running are over
-            self._current = step_key
-            for key, other in list(self._steps.items()):
+        if step_key != self._ledger.current:  # a step change: steps with nothing running are over
+            self._ledger.current = step_key
+            for key, other in list(self._ledger.steps.items()):
                 if key != step_key and other.open <= 0:
                     self._close_step(key, out)
         return out
@@ -331,71 +425,51 @@ class TailSamplingProcessor(SpanProcessor):
     def _close_step(self, key: StepKey, out: list[ReadableSpan]) -> None:
         for group_key in [k for k in self._waiting if k[:3] == key]:
             self._decide_group(group_key, out)
-        self._report(key, out)
-        if len(self._steps) > _MAX_STEPS_KEPT:
-            for old in list(self._steps)[: len(self._steps) - _MAX_STEPS_KEPT]:
-                if self._steps[old].open <= 0 and not self._steps[old].counts:
-                    del self._steps[old]
-
-    def _step(self, key: StepKey) -> _Step:
-        step = self._steps.get(key)
-        if step is None:
-            step = self._steps[key] = _Step()
-        return step
+        self._ledger.report(key, out)
+        self._ledger.forget_old_steps()
 
     def _count_head(self, span: ReadableSpan, out: list[ReadableSpan]) -> None:
         attributes = _attributes(span)
         key = (attributes.get(semconv.ROLLOUT_EXPERIMENT_NAME),
                bool(attributes.get(semconv.ROLLOUT_VALIDATE)), attributes.get(semconv.ROLLOUT_STEP))
-        step = self._step(key)
+        step = self._ledger.step(key)
         reason = attributes.get(semconv.ROLLOUT_SAMPLING_REASON) or SamplingReason.ALL
-        self._count(step, "kept." + str(reason))
+        self._ledger.count(step, "kept." + str(reason))
         self._trajectory_ended(key, step, out)
 
     def _trajectory_ended(self, key: StepKey, step: _Step, out: list[ReadableSpan]) -> None:
         step.open -= 1
-        if step.open <= 0 and key != self._current:
+        if step.open <= 0 and key != self._ledger.current:
             self._close_step(key, out)
         self._expire(out)
 
     def _child_ended(self, owner: _Undecided, span: ReadableSpan, out: list[ReadableSpan]) -> None:
         if owner.head_weight is not None:  # head-sampled: exported now, looked at for the rules
-            self._inspect(owner, span)
+            _observe(owner, span)
             out.append(span)
             return
         if owner.verdict is not None or owner.spilled:  # decided, or exported early
             if owner.verdict is False:
-                self._counts["late_spans_dropped"] += 1
+                self._ledger.counts["late_spans_dropped"] += 1
             else:
                 out.append(span)
             return
-        self._inspect(owner, span)
+        _observe(owner, span)
         size = span_bytes(span)
         owner.spans.append(span)
         owner.bytes += size
         self._add_bytes(size, out)
 
-    def _inspect(self, owner: _Undecided, span: ReadableSpan) -> None:
-        attributes = _attributes(span)
-        if span.status.status_code is StatusCode.ERROR or \
-                attributes.get(semconv.ERROR_TYPE) is not None:
-            owner.error = True
-        reasons = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
-        if reasons and not isinstance(reasons, str) and any(r in _TRUNCATING_FINISH
-                                                            for r in reasons):
-            owner.truncated = True
-        if attributes.get(semconv.ROLLOUT_TERMINATION) in _TRUNCATING_TERMINATIONS:
-            owner.truncated = True
-
     def _add_bytes(self, size: int, out: list[ReadableSpan]) -> None:
         self._bytes += size
-        self._counts["peak_buffer_bytes"] = max(self._counts["peak_buffer_bytes"], self._bytes)
+        counts = self._ledger.counts
+        counts["peak_buffer_bytes"] = max(counts["peak_buffer_bytes"], self._bytes)
         while self._bytes > self._max_bytes and self._undecided:
             self._spill(next(iter(self._undecided.values())), out)
 
     def _spill(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
         """The buffer is full: export the oldest undecided trajectory now rather than drop it."""
-        self._counts["spilled"] += 1
+        self._ledger.counts["spilled"] += 1
         del self._undecided[trajectory.span_id]
         out.extend(trajectory.spans)
         self._bytes -= trajectory.bytes
@@ -409,17 +483,19 @@ class TailSamplingProcessor(SpanProcessor):
 
     def _root_ended(self, trajectory: _Undecided, span: ReadableSpan,
                     out: list[ReadableSpan]) -> None:
-        self._inspect(trajectory, span)
+        _observe(trajectory, span)
         reward = _attributes(span).get(semconv.ROLLOUT_REWARD)
         if isinstance(reward, (int, float)) and not isinstance(reward, bool) and \
                 math.isfinite(reward):
             trajectory.reward = float(reward)
         trajectory.root = span
-        step = self._step(trajectory.step)
-        own = (SamplingReason.ERROR if trajectory.error and self._errors else
-               SamplingReason.TRUNCATED if trajectory.truncated and self._truncated else None)
-        if own is not None and trajectory.verdict is None:
-            self._keep(trajectory, own, out)
+        trajectory.view = TrajectoryView(
+            _attributes(span), trajectory.group, trajectory.error, trajectory.truncated,
+            trajectory.reward, trajectory.head_weight)
+        step = self._ledger.step(trajectory.step)
+        decision = _first(self._alone, trajectory.view, None, self._ledger.counts)
+        if decision is not None and trajectory.verdict is None:
+            self._keep(trajectory, decision, out)
         elif not trajectory.spilled and self._grouped:  # it waits for its group: in the buffer
             size = span_bytes(span)
             trajectory.bytes += size
@@ -436,8 +512,10 @@ class TailSamplingProcessor(SpanProcessor):
         closed = self._closed.get(key)
         if closed is not None:  # a straggler of a group decided already
             if trajectory.verdict is None:
-                if closed and self._groups:
-                    self._keep(trajectory, SamplingReason.GROUP, out)
+                late = GroupView(key, (), (), late=True, kept_by_rule=closed)
+                decision = _first(self._with_group, _view(trajectory), late, self._ledger.counts)
+                if decision is not None:
+                    self._keep(trajectory, decision, out)
                 else:
                     self._drop(trajectory, out)
             return
@@ -449,36 +527,35 @@ class TailSamplingProcessor(SpanProcessor):
             self._decide_group(key, out)
 
     def _decide_group(self, key: GroupKey, out: list[ReadableSpan]) -> None:
-        group = self._waiting.pop(key)
-        members = group.members
-        if self._outliers:
-            scored = [m for m in members if m.reward is not None]
-            for position in sorted(reward_outliers([m.reward for m in scored], self._z)):  # type: ignore[misc]
-                member = scored[position]
+        """Ask each group policy in turn about the members not kept yet; drop the rest."""
+        members = self._waiting.pop(key).members
+        views = [_view(m) for m in members]
+        for policy in self._with_group:
+            group = group_view(key, views, [m.kept_reason() for m in members])
+            for member, view in zip(members, views, strict=True):
                 if member.verdict is None:
-                    self._keep(member, SamplingReason.REWARD_OUTLIER, out)
-        kept = any(m.verdict and m.reason in _RULE_REASONS for m in members)
+                    decision = _ask(policy, view, group, self._ledger.counts)
+                    if decision is not None:
+                        self._keep(member, decision, out)
         for member in members:
             if member.verdict is None:
-                if kept and self._groups:
-                    self._keep(member, SamplingReason.GROUP, out)
-                else:
-                    self._drop(member, out)
-        self._closed[key] = kept
+                self._drop(member, out)
+        self._closed[key] = group_view(key, views, [m.kept_reason() for m in members]).kept_by_rule
         if len(self._closed) > _MAX_CLOSED_GROUPS:
             self._closed.popitem(last=False)
 
-    def _keep(self, trajectory: _Undecided, reason: str, out: list[ReadableSpan]) -> None:
-        if trajectory.head_weight is not None:  # a tail rule matches: it would be kept anyway,
-            self._export(trajectory, reason, 1.0, out)  # so its inclusion probability is 1
+    def _keep(self, trajectory: _Undecided, decision: KeepDecision,
+              out: list[ReadableSpan]) -> None:
+        if trajectory.head_weight is not None:  # kept by a rule: it would be kept anyway, so
+            self._export(trajectory, decision.reason, decision.weight, out)  # the rule's weight
             return
-        step = self._step(trajectory.step)
+        step = self._ledger.step(trajectory.step)
         if self._budget is not None and step.tail_kept >= self._budget:
-            self._count(step, "over_budget", ran=False)
+            self._ledger.count(step, "over_budget", ran=False)
             self._drop(trajectory, out)
             return
         step.tail_kept += 1
-        self._export(trajectory, reason, 1.0, out)
+        self._export(trajectory, decision.reason, decision.weight, out)
 
     def _export(self, trajectory: _Undecided, reason: str, weight: float,
                 out: list[ReadableSpan]) -> None:
@@ -491,7 +568,7 @@ class TailSamplingProcessor(SpanProcessor):
                 semconv.ROLLOUT_SAMPLING_WEIGHT: weight}))
         self._bytes -= trajectory.bytes
         trajectory.spans, trajectory.bytes = [], 0
-        self._count(self._step(trajectory.step), "kept." + reason)
+        self._ledger.count(self._ledger.step(trajectory.step), "kept." + reason)
 
     def _drop(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
         if trajectory.head_weight is not None:  # no tail rule matches: the head rule's weight
@@ -504,15 +581,8 @@ class TailSamplingProcessor(SpanProcessor):
         self._undecided.pop(trajectory.span_id, None)
         self._bytes -= trajectory.bytes
         trajectory.spans, trajectory.bytes = [], 0
-        trajectory.root = None
-        self._count(self._step(trajectory.step), "dropped")
-
-    def _count(self, step: _Step, what: str, ran: bool = True) -> None:
-        step.counts[what] += 1
-        self._counts[what] += 1
-        if ran:
-            step.counts["ran"] += 1
-            self._counts["ran"] += 1
+        trajectory.root = trajectory.view = None
+        self._ledger.count(self._ledger.step(trajectory.step), "dropped")
 
     def _expire(self, out: list[ReadableSpan]) -> None:
         if not self._waiting:
@@ -522,35 +592,8 @@ class TailSamplingProcessor(SpanProcessor):
             key, group = next(iter(self._waiting.items()))
             if group.since > deadline:
                 return
-            self._counts["groups_timed_out"] += 1
+            self._ledger.counts["groups_timed_out"] += 1
             self._decide_group(key, out)
-
-    def _report(self, key: StepKey, out: list[ReadableSpan]) -> None:
-        step = self._steps.get(key)
-        if step is None or not step.counts:
-            return
-        experiment, validate, step_number = key
-        counts, step.counts = step.counts, collections.Counter()
-        attributes: dict[str, Any] = {
-            semconv.ROLLOUT_VALIDATE: validate,
-            semconv.ROLLOUT_SAMPLING_RAN: counts["ran"],
-            semconv.ROLLOUT_SAMPLING_DROPPED: counts["dropped"],
-            semconv.ROLLOUT_SAMPLING_OVER_BUDGET: counts["over_budget"],
-        }
-        if experiment is not None:
-            attributes[semconv.ROLLOUT_EXPERIMENT_NAME] = experiment
-        if step_number is not None:
-            attributes[semconv.ROLLOUT_STEP] = step_number
-        for reason in semconv.SAMPLING_REASONS:
-            attributes[semconv.ROLLOUT_SAMPLING_KEPT_PREFIX + reason] = counts["kept." + reason]
-        now = time.time_ns()
-        context = SpanContext(self._ids.generate_trace_id(), self._ids.generate_span_id(),
-                              is_remote=False, trace_flags=_SAMPLED)
-        out.append(ReadableSpan(name=semconv.SAMPLING_REPORT_SPAN, context=context,
-                                resource=self._resource, attributes=attributes,
-                                kind=SpanKind.INTERNAL, start_time=now, end_time=now,
-                                instrumentation_scope=self._scope))
-        self._counts["reports"] += 1
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _decide_all(self, out: list[ReadableSpan], *, abandon_open: bool) -> None:
@@ -559,12 +602,12 @@ class TailSamplingProcessor(SpanProcessor):
             self._decide_group(group_key, out)
         if abandon_open:
             for trajectory in list(self._undecided.values()):
-                self._counts["abandoned_open"] += 1
+                self._ledger.counts["abandoned_open"] += 1
                 self._undecided.pop(trajectory.span_id, None)
                 self._bytes -= trajectory.bytes
                 trajectory.spans, trajectory.bytes, trajectory.verdict = [], 0, False
-        for key in list(self._steps):
-            self._report(key, out)
+        for key in list(self._ledger.steps):
+            self._ledger.report(key, out)
 
     def nudge(self) -> None:
         """Pass the export processor's ``nudge`` on (undecided trajectories stay buffered)."""
@@ -605,7 +648,7 @@ class TailSamplingProcessor(SpanProcessor):
         if callable(inner):
             counts.update(inner())
         with self._lock:
-            counts.update({f"tail_{k}": v for k, v in self._counts.items()})
+            counts.update({f"tail_{k}": v for k, v in self._ledger.counts.items()})
             counts["tail_buffered_bytes"] = self._bytes
             counts["tail_undecided"] = len(self._undecided)
         return counts
@@ -613,6 +656,36 @@ class TailSamplingProcessor(SpanProcessor):
     def _after_fork_in_child(self) -> None:
         self._lock = threading.RLock()
         self._reset_state()
+
+
+def report_span(key: StepKey, counts: Mapping[str, int], context: SpanContext,
+                resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+    """The ``otel_verl.sampling_report`` span of one step's counts since its last report: ran,
+    dropped, over budget, and kept per reason (every built-in reason, and a policy's own)."""
+    experiment, validate, step_number = key
+    attributes: dict[str, Any] = {
+        semconv.ROLLOUT_VALIDATE: validate,
+        semconv.ROLLOUT_SAMPLING_RAN: counts.get("ran", 0),
+        semconv.ROLLOUT_SAMPLING_DROPPED: counts.get("dropped", 0),
+        semconv.ROLLOUT_SAMPLING_OVER_BUDGET: counts.get("over_budget", 0),
+    }
+    if experiment is not None:
+        attributes[semconv.ROLLOUT_EXPERIMENT_NAME] = experiment
+    if step_number is not None:
+        attributes[semconv.ROLLOUT_STEP] = step_number
+    for reason in semconv.SAMPLING_REASONS:
+        attributes[semconv.ROLLOUT_SAMPLING_KEPT_PREFIX + reason] = counts.get("kept." + reason, 0)
+    for what, number in counts.items():  # reasons of your own policies
+        reason = what[len("kept."):]
+        if what.startswith("kept.") and reason not in semconv.SAMPLING_REASONS:
+            attributes[semconv.ROLLOUT_SAMPLING_KEPT_PREFIX + reason] = number
+    now = time.time_ns()
+    return ReadableSpan(name=semconv.SAMPLING_REPORT_SPAN, context=context, resource=resource,
+                        attributes=attributes, kind=SpanKind.INTERNAL, start_time=now,
+                        end_time=now, instrumentation_scope=scope)
+
+
+_POLICY_WARNING = _errors.RateLimitedWarning(_log)
 
 
 def _reset_in_child(processor: TailSamplingProcessor) -> None:
