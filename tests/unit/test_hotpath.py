@@ -116,3 +116,68 @@ def test_estimate_bytes_reads_the_plain_dict_and_events():
     assert attribute_map(finished) == {"k": "v" * 100, "n": 1}
     expected = 320 + 4 + (1 + 40 + 100) + (1 + 40 + 24) + 96 + 2 + (1 + 40 + 10)
     assert estimate_bytes(finished) == expected
+
+
+# --- the export thread's allocations: encode_line span by span --------------------------------
+
+def _finished_spans(n: int, names=("a",), resources=1, values=("v",)):
+    from opentelemetry.sdk.resources import Resource
+
+    spans = []
+    for r in range(resources):
+        tracer_provider = TracerProvider(resource=Resource.create({"service.name": f"s{r}"}))
+        exporter = InMemorySpanExporter()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        for scope in names:
+            tracer = tracer_provider.get_tracer(scope)
+            for i in range(n):
+                with tracer.start_as_current_span(f"op{i}", attributes={
+                        "k": values[i % len(values)], "n": i, "b": True, "t": (1, 2)}) as span:
+                    span.add_event("e", {"x": i})
+        spans += exporter.get_finished_spans()
+    return spans
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3,
+                                   unique=True), st.integers(1, 3),
+       st.lists(st.text(max_size=12), min_size=1, max_size=4), st.randoms())
+def test_encode_line_is_the_bytes_of_the_whole_request(n, names, resources, values, rnd):
+    import json
+
+    from otel_verl._otlp_json import _SPAN_SENTINEL, encode_line, encode_request
+
+    values = [*values, _SPAN_SENTINEL + "0", "\ud800 lone", "]["]  # hostile look-alikes
+    spans = _finished_spans(n, tuple(names), resources, tuple(values))
+    rnd.shuffle(spans)  # groups interleaved in the batch
+    whole = json.dumps(encode_request(spans), ensure_ascii=False, separators=(",", ":"))
+    assert encode_line(spans) == whole.encode("utf-8", "replace") + b"\n"
+
+
+def test_encode_line_does_not_feed_the_young_generation():
+    """A 1024-span batch used to hold ~35 dicts per span at once (the whole request): dozens of
+    young collections per batch on the export thread, each one also scanning the rollout's new
+    token lists while holding the GIL. Span by span, it stays under one collection's threshold."""
+    import gc
+    import json
+
+    from otel_verl._otlp_json import encode_line, encode_request
+
+    spans = _finished_spans(1024)
+    counts = []
+
+    def count(phase, info):
+        if phase == "start":
+            counts.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        encode_line(spans)
+        ours = len(counts)
+        counts.clear()
+        json.dumps(encode_request(spans))  # the whole request at once, as before
+        whole = len(counts)
+    finally:
+        gc.callbacks.remove(count)
+    assert ours <= 2 < 10 <= whole, (ours, whole)
