@@ -71,3 +71,23 @@ class WeaveObjectsShim(WeaveShim):
         """Rows in the server's ``objects`` table (all projects): what is stored, counted."""
         with sqlite3.connect(self.db_path) as conn:
             return int(conn.execute("SELECT COUNT(*) FROM objects").fetchone()[0])
+
+    def prompt(self, field: Any) -> list[Any]:
+        """A call's whole prompt from its delta-coded field as the exporter shows it: the items
+        themselves (a small prompt), or segments (inline items, refs, ``{"ref", "len"}`` heads)
+        whose refs are read back through the server (``refs_read_batch``)."""
+        if isinstance(field, list):
+            return field
+        assert field.get("complete", True), field
+        segments = field["segments"]
+        refs = [s if isinstance(s, str) else s["ref"] for s in segments if not isinstance(s, list)]
+        values = iter(self.read_refs(refs))
+        out: list[Any] = []
+        for seg in segments:
+            if isinstance(seg, list):
+                out.extend(seg)
+                continue
+            items = next(values)["items"]
+            out.extend(items if isinstance(seg, str) else items[: seg["len"]])
+        assert len(out) == field["length"], (len(out), field["length"])
+        return out

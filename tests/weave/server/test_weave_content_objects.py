@@ -113,23 +113,6 @@ def rollouts(objects_server, monkeypatch, tmp_path):
     return objects_server, engine, prompt
 
 
-def _rebuild(shim, field: dict[str, Any]) -> list[int]:
-    """A call's whole prompt from its segments: inline items, refs and ref heads."""
-    assert field.get("complete", True), field
-    segments = field["segments"]
-    refs = [s if isinstance(s, str) else s["ref"] for s in segments if not isinstance(s, list)]
-    values = iter(shim.read_refs(refs))
-    out: list[int] = []
-    for seg in segments:
-        if isinstance(seg, list):
-            out.extend(seg)
-            continue
-        items = next(values)["items"]
-        out.extend(items if isinstance(seg, str) else items[: seg["len"]])
-    assert len(out) == field["length"]
-    return out
-
-
 def test_every_turns_prompt_rebuilds_from_weave_token_for_token(rollouts):
     shim, engine, prompt = rollouts
     calls = [c for c in shim.calls(PROJECT_ID) if c.op_name.endswith("Server.generate")]
@@ -141,7 +124,7 @@ def test_every_turns_prompt_rebuilds_from_weave_token_for_token(rollouts):
     assert per_trajectory.keys() == engine.received.keys()
     for key, group in per_trajectory.items():
         group.sort(key=lambda c: c.started_at)
-        rebuilt = [_rebuild(shim, c.inputs["prompt_ids"]) for c in group]
+        rebuilt = [shim.prompt(c.inputs["prompt_ids"]) for c in group]
         assert rebuilt == engine.received[key], key
     # the edited prompt starts afresh; the one that dropped the answer extends the prompt only
     edited = sorted(per_trajectory[(1, 4, 1)], key=lambda c: c.started_at)[2]
