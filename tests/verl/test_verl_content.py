@@ -46,9 +46,10 @@ def _run(tiny_model: Path, tmp_path: Path, **init: Any) -> dict[str, list[int]]:
     (verl's own init call then keeps it), with a small inline size."""
     import otel_verl
 
-    otel_verl.RolloutTraceConfig.init("verl_it", "exp_it", content_inline_bytes=64, **init)
+    otel_verl.RolloutTraceConfig.init("verl_it", "exp_it", content_inline_bytes=64,
+                                      token2text=True, **init)
     config = h.compose_config(h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
-                                               {"backend": init["backend"]}))
+                                               {"backend": init["backend"], "token2text": True}))
     worker, server, _ = h.make_worker(config)
     received = _noting_spans(server)
     asyncio.run(worker.generate_sequences(h.make_batch([0, 1], step=7, n=2)))
@@ -74,6 +75,9 @@ def test_verl_turns_rebuild_from_the_store(tiny_model, tmp_path):
     assert len(later) == len(attrs) // 2
     assert all(a[semconv.CONTENT_DELTA_LEN] < a[semconv.CONTENT_LEN] for a in later)
     assert any(a[semconv.CONTENT_INLINE] is False for a in attrs)  # the store has the rest
+    # token2text (verl hands its tokenizer to the client) decodes what the turn appended only
+    assert all("prompt_delta_text" in a[semconv.OUTPUT_VALUE] for a in later)
+    assert not any("prompt_text" in a[semconv.OUTPUT_VALUE] for a in later)
 
 
 def test_verl_turns_rebuild_from_weave(tiny_model, tmp_path, monkeypatch):
