@@ -74,9 +74,45 @@ def merge_clean(span: Any, attrs: Mapping[str, Any]) -> None:
 def attribute_map(span: ReadableSpan) -> Mapping[str, Any]:
     """A span's attributes for reading (the plain dict where the SDK holds one; no copy)."""
     bounded = getattr(span, "_attributes", None)
-    if SDK_SHAPE_OK and type(bounded) is BoundedAttributes:
-        return bounded._dict
+    if SDK_SHAPE_OK:
+        if type(bounded) is BoundedAttributes:
+            return bounded._dict
+        if type(bounded) is dict:  # a compacted span (``compact``)
+            return bounded
     return span.attributes or {}
+
+
+def compact(span: ReadableSpan) -> ReadableSpan:
+    """The same finished span held by fewer objects the cyclic GC tracks, for a queue that keeps
+    it up to the schedule delay: a finished SDK span holds about 12 (its attribute table, two
+    bounded lists with their deques and three locks, ...), and every span that waits in the
+    queue counts towards the next young collection, which also scans the rollout's fresh
+    token lists. The copy holds the attribute dict itself and tuples of events and links.
+
+    The span itself is returned where the copy could differ from it: not a plain SDK
+    ``ReadableSpan``, something dropped by the span limits (the counts live on the bounded
+    containers), or an SDK of unknown shape.
+    """
+    if not SDK_SHAPE_OK or type(span) is not ReadableSpan:
+        return span
+    try:
+        bounded = span._attributes
+        if type(bounded) is BoundedAttributes:
+            attributes: Any = bounded._dict
+        elif bounded is None or type(bounded) is dict:
+            attributes = bounded
+        else:
+            return span
+        if span.dropped_attributes or span.dropped_events or span.dropped_links:
+            return span
+        return ReadableSpan(
+            name=span.name, context=span.context, parent=span.parent, resource=span.resource,
+            attributes=attributes, events=span.events, links=span.links, kind=span.kind,
+            instrumentation_info=getattr(span, "_instrumentation_info", None),
+            status=span.status, start_time=span.start_time, end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope)
+    except Exception:  # noqa: BLE001 - an SDK that changed shape: keep the span as it is
+        return span
 
 
 def _sdk_span_type() -> type:

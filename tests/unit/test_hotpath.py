@@ -181,3 +181,87 @@ def test_encode_line_does_not_feed_the_young_generation():
     finally:
         gc.callbacks.remove(count)
     assert ours <= 2 < 10 <= whole, (ours, whole)
+
+
+# --- compact: a queued span held by fewer GC-tracked objects ----------------------------------
+
+def _public(span):
+    return (span.name, span.context, span.parent, span.resource, dict(span.attributes),
+            [(e.name, dict(e.attributes), e.timestamp) for e in span.events],
+            [(lk.context, dict(lk.attributes)) for lk in span.links], span.kind,
+            span.status.status_code, span.status.description, span.start_time, span.end_time,
+            span.instrumentation_scope, span.dropped_attributes, span.dropped_events,
+            span.dropped_links, span.to_json())
+
+
+def _tracked_from(obj) -> int:
+    import gc
+
+    seen: set[int] = set()
+    shared = {id(obj.resource), id(obj.instrumentation_scope)}
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or id(o) in shared or not gc.is_tracked(o) or isinstance(o, type):
+            continue
+        seen.add(id(o))
+        stack.extend(gc.get_referents(o))
+    return len(seen)
+
+
+def test_compact_is_the_same_span_with_fewer_tracked_objects():
+    from opentelemetry.trace import Link, Status, StatusCode
+
+    from otel_verl._hotpath import compact
+
+    tracer, exporter = _tracer()
+    with tracer.start_as_current_span("p") as parent:
+        pass
+    with tracer.start_as_current_span("s", attributes={"a": "b", "t": (1, 2)},
+                                      links=[Link(parent.get_span_context(), {"l": 1})]) as span:
+        span.add_event("e", {"x": 1})
+        span.set_status(Status(StatusCode.ERROR, "bad"))
+    finished = exporter.get_finished_spans()[-1]
+    small = compact(finished)
+    assert small is not finished and _public(small) == _public(finished)
+    assert _tracked_from(small) < _tracked_from(finished)
+    bare = tracer.start_span("bare")
+    bare.end()
+    plain = exporter.get_finished_spans()[-1]
+    assert _tracked_from(compact(plain)) <= _tracked_from(plain) - 6  # 12 -> about 4
+
+
+def test_compact_keeps_a_span_whose_limits_dropped_something():
+    from otel_verl._hotpath import compact
+
+    tracer, exporter = _tracer(SpanLimits(max_span_attributes=1, max_events=1))
+    with tracer.start_as_current_span("s", attributes={"a": 1, "b": 2}) as span:
+        span.add_event("e1")
+    with tracer.start_as_current_span("t") as span:
+        span.add_event("e1")
+        span.add_event("e2")
+    for finished in exporter.get_finished_spans():
+        assert compact(finished) is finished  # the dropped counts live on the SDK's containers
+        assert finished.dropped_attributes or finished.dropped_events
+
+
+def test_the_batch_processor_queues_compacted_spans():
+    from otel_verl.exporters._processor import BoundedBatchProcessor
+
+    got = []
+
+    class Keep(InMemorySpanExporter):
+        def export(self, spans):
+            got.extend(spans)
+            return super().export(spans)
+
+    processor = BoundedBatchProcessor(Keep())
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    with provider.get_tracer("t").start_as_current_span("s", attributes={"k": "v"}) as span:
+        span.add_event("e")
+    assert processor.force_flush(5000)
+    processor.shutdown()
+    (exported,) = got
+    assert type(exported._attributes) is dict  # compacted: the SDK's table is not kept alive
+    assert dict(exported.attributes) == {"k": "v"} and [e.name for e in exported.events] == ["e"]
