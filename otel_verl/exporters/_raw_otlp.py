@@ -12,9 +12,10 @@ and retries) or the gRPC exporter's channel (its credentials, compression, metad
 Usage::
 
     raw = raw_sender_for(exporter)   # None: not an SDK OTLP exporter we know; use export()
-    ok = raw.send(lines) if raw is not None else None
-    if ok is None:                   # a line this writer does not know: decode and export()
+    outcome = raw.send(lines) if raw is not None else None
+    if outcome is None:              # a line this writer does not know: decode and export()
         ...
+    # else ACCEPTED, REFUSED (the data: a smaller request may pass) or RETRY (an outage)
 
 Honest fallback: :func:`raw_sender_for` answers None for any other exporter (the Weave
 exporter, subclasses that override ``export``, an SDK whose exporter has another shape), and
@@ -48,7 +49,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib is 
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-__all__ = ["RawOtlpSender", "encode_lines", "raw_sender_for"]
+__all__ = ["ACCEPTED", "REFUSED", "RETRY", "RawOtlpSender", "encode_lines", "raw_sender_for"]
 
 _log = logging.getLogger("otel_verl")
 
@@ -458,6 +459,13 @@ def _head(text: bytes, rs: dict[str, Any], ss: dict[str, Any]) -> tuple[bytes, b
 # --- sending through the exporter's own connection -------------------------------------------------
 
 
+#: what one request of stored bytes came to
+ACCEPTED, REFUSED, RETRY = "accepted", "refused", "retry"
+#: answers that refuse the data itself (OTLP: "the client MUST NOT retry"); any other failure
+#: (no connection, 429/5xx, UNAVAILABLE, a deadline, credentials) is worth retrying as it is
+_REFUSED_HTTP = frozenset({400, 413, 422})
+
+
 class RawOtlpSender:
     """Sends log lines through one SDK OTLP exporter's connection, as protobuf bytes.
 
@@ -470,13 +478,15 @@ class RawOtlpSender:
     def __init__(self, exporter: SpanExporter) -> None:
         self.exporter = exporter
 
-    def send(self, lines: Sequence[bytes]) -> bool | None:
+    def send(self, lines: Sequence[bytes]) -> str | None:
         """Send the spans of ``lines`` (ready OTLP/JSON lines) as one request; never raises.
 
         Returns:
-            True when the backend accepted the request, False when it did not (retry later),
-            None when a line cannot be written exactly: nothing was sent, decode the lines and
-            use the exporter's ``export`` instead.
+            :data:`ACCEPTED`; :data:`REFUSED` (the receiver refused this request's data: 400,
+            413 or 422 over HTTP, ``INVALID_ARGUMENT`` over gRPC; a smaller request may pass);
+            :data:`RETRY` (any other failure: the receiver is down, busy or failing, the
+            exporter is shut down); or None when a line cannot be written exactly: nothing was
+            sent, decode the lines and use the exporter's ``export`` instead.
         """
         try:
             data = encode_lines(lines)
@@ -484,14 +494,14 @@ class RawOtlpSender:
             _log.debug("otel_verl: a log line is not sent as stored bytes (%s); decoding", error)
             return None
         if getattr(self.exporter, "_shutdown", False):
-            return False
+            return RETRY
         try:
             return self._post(data)
         except Exception as error:  # noqa: BLE001  # like export(): a failed request, not a raise
             _log.warning("otel_verl: sending the log's stored bytes failed: %r", error)
-            return False
+            return RETRY
 
-    def _post(self, data: bytes) -> bool:
+    def _post(self, data: bytes) -> str:
         raise NotImplementedError
 
 
@@ -501,14 +511,17 @@ class _HttpSender(RawOtlpSender):
 
     protocol = "http/protobuf"
 
-    def _post(self, data: bytes) -> bool:
+    def _post(self, data: bytes) -> str:
         exporter: Any = self.exporter
         limit = getattr(exporter, "_max_request_size", 0)
         if isinstance(limit, int) and 0 < limit < len(data):
             _log.warning("otel_verl: a request of %d bytes is over the exporter's "
                          "max_request_size %d", len(data), limit)
-            return False
-        return bool(exporter._client.export(data).success)
+            return REFUSED
+        result = exporter._client.export(data)
+        if result.success:
+            return ACCEPTED
+        return REFUSED if result.status_code in _REFUSED_HTTP else RETRY
 
 
 class _GrpcSender(RawOtlpSender):
@@ -523,13 +536,13 @@ class _GrpcSender(RawOtlpSender):
         self._channel: Any = None
         self._call: Any = None
 
-    def _post(self, data: bytes) -> bool:
+    def _post(self, data: bytes) -> str:
         import grpc
 
         exporter: Any = self.exporter
         channel = exporter._channel
         if channel is None:
-            return False
+            return RETRY
         if channel is not self._channel:
             self._channel = channel
             # no serializer: the request is sent as the bytes given; the answer is not read
@@ -546,8 +559,8 @@ class _GrpcSender(RawOtlpSender):
                         channel.close()
                     finally:
                         reopen()
-            return False
-        return True
+            return REFUSED if code == grpc.StatusCode.INVALID_ARGUMENT else RETRY
+        return ACCEPTED
 
 
 def raw_sender_for(exporter: SpanExporter) -> RawOtlpSender | None:

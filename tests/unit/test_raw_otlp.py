@@ -6,12 +6,11 @@ send nothing and say so (the caller decodes it instead)."""
 
 from __future__ import annotations
 
-import gzip
-import http.server
 import json
 import math
-import threading
+import sys
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -35,7 +34,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceState
 
 from otel_verl import _otlp_json
-from otel_verl.exporters._raw_otlp import encode_lines, raw_sender_for
+from otel_verl.exporters._raw_otlp import ACCEPTED, REFUSED, RETRY, encode_lines, raw_sender_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared stub servers
+from _servers import LocalServer, QuietHandler  # noqa: E402
 
 RESOURCE = Resource.create({"service.name": "raw", "rollout.project_name": "p", "n": 3})
 SCOPE = InstrumentationScope("otel_verl", "1.2", "https://schema", {"scope.key": "v"})
@@ -179,32 +181,20 @@ class _HttpReceiver:
         self.status = 200
         receiver = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
+                body = self.read_body(decompress=True)
                 keep = {k.lower(): v for k, v in self.headers.items()
                         if k.lower() in ("content-type", "content-encoding", "x-tenant",
                                          "user-agent")}
                 receiver.posts.append((self.path, keep, body))
-                self.send_response(receiver.status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.reply(receiver.status)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = LocalServer(Handler).start()
+        self.url = self.server.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 def _batch() -> list[ReadableSpan]:
@@ -223,16 +213,18 @@ def test_http_sends_the_same_request_through_the_exporters_own_client():
         assert exporter.export(spans) is SpanExportResult.SUCCESS
         raw = raw_sender_for(exporter)
         assert raw is not None
-        assert raw.send([_otlp_json.encode_span_line(s) for s in spans]) is True
+        assert raw.send([_otlp_json.encode_span_line(s) for s in spans]) == ACCEPTED
         (path_sdk, headers_sdk, body_sdk), (path_raw, headers_raw, body_raw) = receiver.posts
         assert path_raw == path_sdk == "/tenant/v1/traces?x=1"
         assert headers_raw == headers_sdk and headers_raw["content-encoding"] == "gzip"
         assert body_raw == body_sdk
-        receiver.status = 400  # refused: False (the sender retries or probes), never a raise
-        assert raw.send([_otlp_json.encode_span_line(spans[0])]) is False
+        receiver.status = 400  # the data refused: said, never a raise
+        assert raw.send([_otlp_json.encode_span_line(spans[0])]) == REFUSED
+        receiver.status = 500  # the receiver failing is not the data's fault: retried
+        assert raw.send([_otlp_json.encode_span_line(spans[0])]) == RETRY
         exporter.shutdown()
-        assert raw.send([_otlp_json.encode_span_line(spans[0])]) is False  # shut down: nothing
-        assert len(receiver.posts) == 3
+        assert raw.send([_otlp_json.encode_span_line(spans[0])]) == RETRY  # shut down: nothing
+        assert len(receiver.posts) == 4
     finally:
         receiver.close()
 
@@ -287,18 +279,18 @@ def test_grpc_sends_the_same_request_over_the_exporters_own_channel():
         assert exporter.export(spans) is SpanExportResult.SUCCESS
         raw = raw_sender_for(exporter)
         assert raw is not None
-        assert raw.send([_otlp_json.encode_span_line(s) for s in spans]) is True
+        assert raw.send([_otlp_json.encode_span_line(s) for s in spans]) == ACCEPTED
         (meta_sdk, body_sdk), (meta_raw, body_raw) = receiver.calls
         assert meta_raw == meta_sdk == {"x-tenant": "t2"}
         assert body_raw == body_sdk
         receiver.code = grpc.StatusCode.INVALID_ARGUMENT
-        assert raw.send([_otlp_json.encode_span_line(spans[0])]) is False
+        assert raw.send([_otlp_json.encode_span_line(spans[0])]) == REFUSED
         receiver.code = grpc.StatusCode.UNAVAILABLE  # the channel is made again, as export does
         channel = exporter._channel
-        assert raw.send([_otlp_json.encode_span_line(spans[0])]) is False
+        assert raw.send([_otlp_json.encode_span_line(spans[0])]) == RETRY
         assert exporter._channel is not channel
         receiver.code = None
-        assert raw.send([_otlp_json.encode_span_line(spans[0])]) is True
+        assert raw.send([_otlp_json.encode_span_line(spans[0])]) == ACCEPTED
         assert len(receiver.calls) == 3
         exporter.shutdown()
     finally:
