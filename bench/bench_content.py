@@ -15,10 +15,10 @@ the trajectory's unique content (its final token list and its message list, comp
 a store holding each piece once would hold), the ratio stored / unique, and whether every LLM
 call's whole prompt rebuilds from the store exactly as the engine received it ("complete").
 
-Then the capture CPU of one turn (the op's input capture, ``payload_attrs``) at turn 4 of a
-trajectory, before and after, medians of interleaved repeats (the prefix check is a C-level
-list comparison: it grows with the context at memcmp-like speed; the rest grows with what the
-turn added).
+Then the capture CPU of one turn (the op's input capture, ``payload_attrs``) at turn 1 (the whole
+prompt is new: encoded and hashed once) and turn 4 (200 tokens appended) of a trajectory, before
+and after, medians of interleaved repeats (the prefix check is a C-level list comparison: it
+grows with the context at memcmp-like speed; the rest grows with what the turn added).
 
 Run: ``python bench/bench_content.py [--trajectories 8] [--contexts 32768,131072]`` in a venv
 with the unit tier's requirements.
@@ -115,32 +115,34 @@ def run_mode(mode: str, n: int, context: int) -> dict[str, Any]:
             "complete": complete}
 
 
-def turn_cpu(context: int, dedup: bool, repeats: int) -> float:
-    """Median seconds of the input capture of turn 4 (after 3 turns warmed the chain)."""
+def turn_cpu(context: int, dedup: bool, repeats: int) -> tuple[float, float]:
+    """Median seconds of the input capture of (turn 1, turn 4) of a 4-turn trajectory."""
     RolloutTraceConfig.reset()
     trace_dir = tempfile.mkdtemp(prefix="bench_content_cpu_")
     RolloutTraceConfig.init("bench", "content", "file", trace_dir=trace_dir,
                             content_dedup=dedup)
     runtime = STATE.runtime
     assert runtime is not None
-    prompt = list(range(1000, 1000 + context))
-    times = []
-    for _ in range(repeats):
+    firsts, lasts = [], []
+    for r in range(repeats):
+        prompt = [r] + list(range(1000, 1000 + context))  # a new prompt each time (no dedup)
         traj = Trajectory({}, None, True)
         token = TRAJECTORY.set(traj)
         try:
-            ids = list(prompt)
+            ids = prompt
+            times = []
             for _turn in range(4):
                 inputs = {"request_id": "r", "prompt_ids": ids, "sampling_params": {}}
                 t0 = time.perf_counter()
                 payload_attrs(runtime, inputs, UNSET, {})
-                elapsed = time.perf_counter() - t0
+                times.append(time.perf_counter() - t0)
                 ids = ids + list(range(50, 150)) + list(range(200, 300))  # answer + tool turn
-            times.append(elapsed)  # turn 4
+            firsts.append(times[0])
+            lasts.append(times[-1])
         finally:
             TRAJECTORY.reset(token)
     RolloutTraceConfig.reset()
-    return statistics.median(times)
+    return statistics.median(firsts), statistics.median(lasts)
 
 
 def main() -> None:
@@ -162,15 +164,18 @@ def main() -> None:
             print(f"{context:>8} {mode:>7} {r['spans'] / 1024:>9.1f}Ki {r['content'] / 1024:>7.1f}"
                   f"Ki {total / 1024:>7.1f}Ki {r['unique'] / 1024:>7.1f}Ki "
                   f"{total / r['unique']:>12.2f}  {done}", flush=True)
-    print("\ninput capture of turn 4 (payload_attrs), medians of interleaved repeats")
+    print("\ninput capture of one LLM turn (payload_attrs), medians of interleaved repeats")
     for context in contexts:
-        before, after = [], []
+        before: list[tuple[float, float]] = []
+        after: list[tuple[float, float]] = []
         for _ in range(3):  # interleaved blocks: load on the machine cancels out
             before.append(turn_cpu(context, False, args.repeats))
             after.append(turn_cpu(context, True, args.repeats))
-        b, a = statistics.median(before), statistics.median(after)
-        print(f"{context:>8} tokens: before {b * 1e6:8.0f} us   after {a * 1e6:8.0f} us   "
-              f"after/before {a / b:.2f}", flush=True)
+        for turn, label in ((0, "turn 1 (whole prompt)"), (1, "turn 4 (+200 tokens)")):
+            b = statistics.median(x[turn] for x in before)
+            a = statistics.median(x[turn] for x in after)
+            print(f"{context:>8} tokens, {label}: before {b * 1e6:7.0f} us  after "
+                  f"{a * 1e6:7.0f} us  after/before {a / b:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ place it is defined (the reader is ``otel_verl.store._content``).
 
 Content ids (computable by anyone who has the content, e.g. a trainer-side parity check)::
 
-    token_content_id([1, 2, 3])      # "tok:blake2b-128:<32 hex>" over b"1,2,3,"
-    message_content_id([{...}, ...])  # "msg:blake2b-128:<32 hex>" over one JSON line per message
+    token_content_id([1, 2, 3])      # "tok:sha256:<64 hex>" over b"1,2,3,"
+    message_content_id([{...}, ...])  # "msg:sha256:<64 hex>" over one JSON line per message
 
 The bytes hashed are *concatenative*: the bytes of a list are the bytes of its items one after
 the other (a token is its decimal text and a comma; a message is its compact, key-sorted JSON and
@@ -38,11 +38,11 @@ Usage (what ``otel_verl._capture`` does per LLM call)::
 from __future__ import annotations
 
 import atexit
+import collections
 import hashlib
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -77,17 +77,23 @@ FORMAT_VERSION = 1
 KIND_TOKENS = "tokens"
 KIND_MESSAGES = "messages"
 #: id prefixes by kind; the hash name follows, then the hex digest
-_PREFIX = {KIND_TOKENS: "tok:blake2b-128:", KIND_MESSAGES: "msg:blake2b-128:"}
+_PREFIX = {KIND_TOKENS: "tok:sha256:", KIND_MESSAGES: "msg:sha256:"}
 #: the content store's folder under the trace dir
 CONTENT_DIR = "content"
 #: the suffix of a content store file (not a span file: the span readers skip it)
 NODES_SUFFIX = ".nodes"
-_DIGEST_SIZE = 16
-_INT_LIST_CHARS = b"0123456789,-"
+#: bytes that orjson writes for anything but an int (float, true/false/null, string, container)
+_NOT_INT = (b".", b"e", b'"', b"[", b"{", b"n", b"t", b"f")
+#: the store's thread writes every this many seconds, or at once past ``WAKE_BYTES`` queued (a
+#: thread switch per LLM call would take the GIL from the rollout's loop mid-turn)
+WRITE_EVERY_S = 0.2
+WAKE_BYTES = 4 * 1024 * 1024
 
 
 def _hasher() -> Any:
-    return hashlib.blake2b(digest_size=_DIGEST_SIZE)
+    # SHA-256: the common digest (OCI, Weave's refs), and where the CPU has SHA extensions about
+    # 2x faster than BLAKE2b on long token lists (measured: 800 KB in 1.0 ms against 2.3 ms)
+    return hashlib.sha256()
 
 
 # --- canonical bytes and ids -------------------------------------------------------------------
@@ -107,7 +113,9 @@ def token_bytes(ids: Sequence[int]) -> bytes | None:
         except Exception:  # a big int, a numpy scalar, anything else
             return None
         body = data[1:-1]
-        if body.translate(None, _INT_LIST_CHARS):  # a float, a bool, a string, a container
+        # only ints came out: no float ("." or "e"), bool, null, string or container; one
+        # memchr-speed scan per character (a translate() of the whole text costs 8x more)
+        if any(mark in body for mark in _NOT_INT):
             return None
         return body + b","
     if any(type(i) is not int for i in ids):  # pragma: no cover - without orjson
@@ -363,9 +371,13 @@ class ContentStore:
         self._seen: set[str] = set()
         self._reserved = 0
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: nodes waiting for the store's thread, and their bytes
+        self._queue: collections.deque[tuple[str, Step]] = collections.deque()
+        self._queued_bytes = 0
         self._pending = 0
         self._idle = threading.Condition(self._lock)
+        self._wake = threading.Condition(self._lock)
+        self._closing = False
         self._thread: threading.Thread | None = None
         self._file: Any = None
         self._pid = os.getpid()
@@ -399,7 +411,10 @@ class ContentStore:
                     self._thread = threading.Thread(target=self._run, name="otel_verl-content",
                                                     daemon=True)
                     self._thread.start()
-                self._queue.put((kind, step))
+                self._queue.append((kind, step))
+                self._queued_bytes += size
+                if self._queued_bytes >= WAKE_BYTES:  # else the thread comes by on its own:
+                    self._wake.notify()  # no thread switch per call on the rollout's loop
                 return "stored"
         if warn:
             _log.warning("otel_verl: the content store is full (content_store_bytes=%d): content "
@@ -409,21 +424,27 @@ class ContentStore:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            kind, step = item
-            try:
-                self._write(kind, step)
-            except Exception as exc:  # noqa: BLE001 - disk full, a bad item: counted, said
-                with self._lock:
-                    self.counts["content_errors"] += 1
-                _log.warning("otel_verl: content store write failed: %r", exc)
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._idle.notify_all()
+            with self._lock:
+                if not self._queue and not self._closing:
+                    self._wake.wait(WRITE_EVERY_S)
+                if not self._queue:
+                    if self._closing:
+                        return
+                    continue
+                batch = list(self._queue)
+                self._queue.clear()
+                self._queued_bytes = 0
+            for kind, step in batch:
+                try:
+                    self._write(kind, step)
+                except Exception as exc:  # noqa: BLE001 - disk full, a bad item: counted, said
+                    with self._lock:
+                        self.counts["content_errors"] += 1
+                    _log.warning("otel_verl: content store write failed: %r", exc)
+            with self._idle:
+                self._pending -= len(batch)
+                if self._pending == 0:
+                    self._idle.notify_all()
 
     def _write(self, kind: str, step: Step) -> None:
         scrubbed = None
@@ -445,6 +466,7 @@ class ContentStore:
         """Wait until every node put so far is written and flushed to the OS."""
         deadline = time.monotonic() + timeout_s
         with self._idle:
+            self._wake.notify()
             while self._pending:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -460,9 +482,13 @@ class ContentStore:
     def close(self, timeout_s: float = 5.0) -> None:
         self.flush(timeout_s)
         if self._thread is not None:
-            self._queue.put(None)
+            with self._lock:
+                self._closing = True
+                self._wake.notify()
             self._thread.join(timeout_s)
-            self._thread = None
+            with self._lock:
+                self._thread = None
+                self._closing = False  # a later put starts a thread again
         if self._file is not None:
             try:
                 self._file.close()

@@ -60,7 +60,7 @@ OTEL_VERL_REDACTED: Final = "otel_verl.redacted"
 OTEL_VERL_PAYLOAD_ERROR: Final = "otel_verl.payload_error"
 
 # --- per-turn content: what an LLM call adds, by reference (docs/content.md, otel_verl._content) -
-#: the content id of the call's whole input field (its prompt): ``tok:blake2b-128:<hex>``
+#: the content id of the call's whole input field (its prompt): ``tok:sha256:<64 hex>``
 CONTENT_ID: Final = "otel_verl.content.id"
 #: length of the whole prompt (tokens, or messages)
 CONTENT_LEN: Final = "otel_verl.content.len"

@@ -5,7 +5,7 @@ Usage::
 
     index = ContentIndex.load(trace_dir)       # the nodes under <trace_dir>/content/
     index.add_spans(spans)                     # + the deltas spans carry whole (inline)
-    index.rebuild("tok:blake2b-128:...")       # the whole token (or message) list
+    index.rebuild("tok:sha256:...")       # the whole token (or message) list
     turn_prompts(spans, index)                 # one record per delta-coded LLM call
 
 A node says ``content(id) = content(base)[:base_len] + delta``. A rebuild follows ``base`` links

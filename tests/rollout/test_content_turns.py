@@ -195,3 +195,30 @@ def test_content_dedup_off_records_whole_prompts_as_before(tmp_path):
     last = json.loads(ops[-1]["attributes"][semconv.INPUT_VALUE])["prompt_ids"]
     assert last == engine.requests[-1]["body"]["prompt"]
 
+
+
+def test_token2text_decodes_only_what_each_turn_added(tmp_path):
+    RolloutTraceConfig.init("proj", "exp", "file", trace_dir=str(tmp_path), token2text=True)
+    tokenizer = CharTokenizer()
+    with ToolEngine(tokenizer) as engine:
+
+        async def go():
+            async with VLLMCompletionsClient(engine.url, model="stub",
+                                             tokenizer=tokenizer) as client:
+                loop = ToolAgentLoop(client, tokenizer, tools=[CalculatorTool()],
+                                     max_response_length=4096)
+                with rollout_trace_attr(step=1, sample_index=0):
+                    await loop.run({"max_tokens": 256}, **_row(0, 8192))
+
+        asyncio.run(go())
+    RolloutTraceConfig.shutdown(10.0)
+    spans = list(read_spans(str(tmp_path), warn=False))
+    calls = sorted((s for s in spans if semconv.CONTENT_ID in s["attributes"]),
+                   key=lambda s: s["start_ns"])
+    assert len(calls) == 4
+    for span, request in zip(calls[1:], engine.requests[1:], strict=True):
+        output = json.loads(span["attributes"][semconv.OUTPUT_VALUE])
+        base_len = span["attributes"][semconv.CONTENT_BASE_LEN]
+        assert "prompt_text" not in output
+        assert output["prompt_delta_text"] == tokenizer.decode(request["body"]["prompt"][base_len:])
+        assert len(output["prompt_delta_text"]) < 200

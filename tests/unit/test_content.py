@@ -49,16 +49,15 @@ def _next(prompt: list[int], response: list[int], op: tuple) -> list[int]:
 
 def test_ids_are_the_documented_hash_of_the_content():
     ids = [1, 22, -3, 2**40]
-    expected = hashlib.blake2b("".join(f"{t}," for t in ids).encode(), digest_size=16).hexdigest()
-    assert _content.token_content_id(ids) == "tok:blake2b-128:" + expected
-    assert _content.token_content_id([]) == "tok:blake2b-128:" + hashlib.blake2b(
-        b"", digest_size=16).hexdigest()
+    expected = hashlib.sha256("".join(f"{t}," for t in ids).encode()).hexdigest()
+    assert _content.token_content_id(ids) == "tok:sha256:" + expected
+    assert _content.token_content_id([]) == "tok:sha256:" + hashlib.sha256(b"").hexdigest()
     # not plain ints: not delta-coded (a float, a bool, a big int, a string)
     for odd in ([1.0], [True], [2**70], ["1"], [[1]]):
         assert _content.token_bytes(odd) is None
     message = [{"role": "user", "content": "hi", "b": 1}]
-    assert _content.message_content_id(message) == "msg:blake2b-128:" + hashlib.blake2b(
-        b'{"b":1,"content":"hi","role":"user"}\n', digest_size=16).hexdigest()
+    assert _content.message_content_id(message) == "msg:sha256:" + hashlib.sha256(
+        b'{"b":1,"content":"hi","role":"user"}\n').hexdigest()
 
 
 @settings(max_examples=200, deadline=None)
@@ -108,8 +107,8 @@ def _add(index: ContentIndex, step: _content.Step) -> None:
 def test_a_damaged_store_line_is_counted_and_a_broken_chain_is_an_error(tmp_path):
     folder = tmp_path / "content"
     folder.mkdir()
-    good = {"id": "tok:blake2b-128:" + "0" * 32, "kind": "tokens", "len": 2,
-            "base": "tok:blake2b-128:" + "1" * 32, "base_len": 1, "delta": [5]}
+    good = {"id": "tok:sha256:" + "0" * 64, "kind": "tokens", "len": 2,
+            "base": "tok:sha256:" + "1" * 64, "base_len": 1, "delta": [5]}
     (folder / "1-1.nodes").write_text(json.dumps(good) + "\n{half a line\n[1]\n")
     index = ContentIndex.load(tmp_path)
     assert index.bad_lines == 2
