@@ -59,6 +59,8 @@ from opentelemetry.trace import Span, SpanKind
 
 import otel_verl
 from otel_verl import semconv
+from otel_verl._capture import input_messages_attrs
+from otel_verl._hotpath import clean_attributes, merge_clean
 from otel_verl.semconv import GenAIOperation, SpanKindName
 
 __all__ = [
@@ -273,9 +275,9 @@ class AsyncLLMClient:
         if messages is None:
             messages = _TURN_MESSAGES.get()
         if messages is not None and _capturing():
-            attrs[semconv.GEN_AI_INPUT_MESSAGES] = otel_verl.payload_json(
-                genai_input_messages(messages))
-        span.set_attributes(attrs)
+            # what the call appends to the trajectory's previous one (docs/content.md)
+            attrs.update(input_messages_attrs(messages, genai_input_messages))
+        merge_clean(span, clean_attributes(attrs))  # one insert, no per-key re-validation
         return span
 
     @staticmethod
@@ -306,7 +308,7 @@ class AsyncLLMClient:
             attrs[semconv.GEN_AI_RESPONSE_ID] = str(response_id)
         if response_model:
             attrs[semconv.GEN_AI_RESPONSE_MODEL] = str(response_model)
-        span.set_attributes(attrs)
+        merge_clean(span, clean_attributes(attrs))
 
     def _request_headers(self) -> dict[str, str]:
         """W3C headers of the current span (the call's span): how the engine joins the trace."""
