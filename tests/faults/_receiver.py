@@ -10,17 +10,20 @@ gRPC has).
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import socket
+import sys
 import threading
 import time
 from collections import Counter
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared stub servers
+from _servers import LocalServer, QuietHandler  # noqa: E402
 
 MODES = ("ok", "refuse", "429", "503", "hang", "close")
 
@@ -139,8 +142,7 @@ class FaultyReceiver:
         if self.protocol == "grpc":
             server.stop(grace=None).wait(5)
         else:
-            server.shutdown()
-            server.server_close()
+            server.close()
 
     def _start_grpc(self) -> Any:
         receiver = self
@@ -171,49 +173,26 @@ class FaultyReceiver:
     def _start_http(self) -> Any:
         receiver = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length)
+                body = self.read_body()
                 mode = receiver.mode
                 if mode == "hang":
                     receiver._hold_while_hanging()
                     mode = receiver.mode
                 if mode in ("close", "refuse"):
-                    self.close_connection = True
-                    with contextlib.suppress(OSError):
-                        self.connection.shutdown(socket.SHUT_RDWR)
+                    self.hang_up()
                     return
                 if mode in ("429", "503"):
-                    self.send_response(int(mode))
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
+                    self.reply(int(mode))
                     return
                 request = trace_service_pb2.ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 if receiver._poisoned(request):
-                    self.send_response(400)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
+                    self.reply(400)
                     return
                 receiver._accept(request, len(body), self.path)
-                payload = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self.reply(200, trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
+                           "application/x-protobuf")
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        class Server(http.server.ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        server = Server(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-        return server
+        return LocalServer(Handler, self.port).start()

@@ -9,9 +9,12 @@ the context the engine would have continued (``engine_traceparent``), so tests c
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared stub servers
+from _servers import LocalServer, QuietHandler  # noqa: E402
 
 
 class EngineStub:
@@ -19,37 +22,22 @@ class EngineStub:
         self.requests: list[dict[str, Any]] = []
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = json.loads(self.read_body())
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 status, answer = stub.handle(self.path, headers, body)
-                payload = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self.reply(status, json.dumps(answer).encode(), "application/json")
 
-            def log_message(self, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = LocalServer(Handler)
+        self.url = self.server.url
 
     def __enter__(self) -> EngineStub:
-        self.thread.start()
+        self.server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
     # -- protocol --------------------------------------------------------------------------------
     def handle(self, path: str, headers: dict[str, str], body: dict[str, Any]):
