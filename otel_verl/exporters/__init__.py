@@ -22,7 +22,7 @@ What is here:
 - :class:`FileSpanExporter`: the local store's writer (one OTLP/JSON line per batch, one file
   per process; the OpenTelemetry Collector ``file`` exporter's format).
 - :class:`DurableSpanExporter`: wraps any exporter with a write-ahead log and a delivery cursor
-  (see :mod:`otel_verl.exporters._spool` for the guarantees); :func:`replay` sends a log (or any store
+  (see :mod:`otel_verl.exporters._durable` for the guarantees); :func:`replay` sends a log (or any store
   file) by hand, split into requests under a byte cap.
 - :class:`BoundedBatchProcessor`: a batch span processor bounded in spans and bytes, bounded in
   time at flush and shutdown, with a span ``transform`` hook (redaction) on its export thread.
@@ -55,7 +55,7 @@ key                        meaning
 ``request_bytes``          their size (OTLP/JSON bytes of their spans)
 ``retries``                failed delivery attempts (the spans stay in the log)
 ``truncated``              spans cut to fit ``max_request_bytes`` (marked
-                           ``otel_verl.truncated``)
+                           ``otel_verl.request_truncated``)
 ``quarantined``            spans the backend kept refusing while it accepted others (moved to
                            ``quarantine/`` in the log's directory, not retried)
 ``dropped_spool_full``     spans dropped from the log to keep it under ``max_spool_bytes``
@@ -82,9 +82,11 @@ key                        meaning
 
 from __future__ import annotations
 
+from otel_verl.exporters._durable import DurableSpanExporter
 from otel_verl.exporters._file_exporter import FileSpanExporter
 from otel_verl.exporters._processor import BoundedBatchProcessor
-from otel_verl.exporters._spool import TRUNCATED_ATTRIBUTE, DurableSpanExporter, replay
+from otel_verl.exporters._records import TRUNCATED_ATTRIBUTE
+from otel_verl.exporters._replay import replay
 
 #: the statistics keys that count spans which were not delivered (see the table above)
 LOSS_KEYS = ("dropped_queue_full", "dropped_after_shutdown", "dropped_transform_failed",

@@ -15,13 +15,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_verl import _otlp_json
+from otel_verl import _otlp_json, semconv
 from otel_verl.exporters import (
     TRUNCATED_ATTRIBUTE,
     BoundedBatchProcessor,
     DurableSpanExporter,
     _io,
-    _spool,
+    _log,
+    _records,
     replay,
 )
 from otel_verl.store import read_spans
@@ -127,6 +128,21 @@ def test_truncated_span_is_marked(tmp_path):
     (span,) = memory.get_finished_spans()
     assert span.attributes[TRUNCATED_ATTRIBUTE] is True and span.attributes["k"] == 1
     assert len(_otlp_json.encode_line([span])) <= 8192
+
+
+def test_a_span_capture_cut_and_then_the_log_cut_keeps_both_marks(tmp_path):
+    """Capture writes ``otel_verl.truncated`` (the fields it cut); the request-size cut has its
+    own key, so a span cut by both says both."""
+    memory = InMemorySpanExporter()
+    tracer, processor, _ = pipeline(memory, tmp_path, max_request_bytes=8192)
+    tracer.start_span("huge", attributes={semconv.OTEL_VERL_TRUNCATED: ("input.value",),
+                                          "input.value": "y" * 100_000}).end()
+    assert processor.force_flush(10000)
+    (span,) = memory.get_finished_spans()
+    assert TRUNCATED_ATTRIBUTE == semconv.OTEL_VERL_REQUEST_TRUNCATED != semconv.OTEL_VERL_TRUNCATED
+    assert span.attributes[semconv.OTEL_VERL_REQUEST_TRUNCATED] is True
+    assert tuple(span.attributes[semconv.OTEL_VERL_TRUNCATED]) == ("input.value",)
+    processor.shutdown()
     processor.shutdown()
 
 
@@ -139,7 +155,7 @@ def test_log_is_bounded_in_bytes_and_drops_are_counted(tmp_path):
         assert processor.force_flush_to_exporter(10)  # into the log (not delivered)
     stats = durable.stats()
     assert stats["dropped_spool_full"] > 0
-    assert stats["spool_bytes"] <= budget + durable._segment_bytes
+    assert stats["spool_bytes"] <= budget + durable.settings.segment_bytes
     assert stats["spool_pending"] + stats["dropped_spool_full"] == 500
     inner.up = True
     assert wait_for(lambda: durable.stats()["spool_pending"] == 0)
@@ -462,11 +478,11 @@ def test_an_unreadable_segment_keeps_its_log_and_is_retried(tmp_path, monkeypatc
 
 def test_records_carry_a_checksum_and_format_1_lines_still_read():
     line = b'{"resourceSpans":[]}\n'
-    record_ = _spool.seal(line)
-    assert _spool.unseal(record_, sealed_stream=True) == (line, False)
-    assert _spool.unseal(_spool.seal(line, raw=True), sealed_stream=True) == (line, True)
-    assert _spool.unseal(line, sealed_stream=False) == (line, False)  # an old log
-    assert _spool.unseal(line, sealed_stream=True) == (None, False)
+    record_ = _records.seal(line)
+    assert _records.unseal(record_, sealed_stream=True) == (line, False)
+    assert _records.unseal(_records.seal(line, raw=True), sealed_stream=True) == (line, True)
+    assert _records.unseal(line, sealed_stream=False) == (line, False)  # an old log
+    assert _records.unseal(line, sealed_stream=True) == (None, False)
     json.loads(record_)  # still one OTLP/JSON line for the store's readers
 
 
@@ -476,7 +492,7 @@ def test_a_format_1_log_left_by_an_older_version_is_delivered(tmp_path):
         meta.unlink()
     for segment in tmp_path.glob("wal-*.jsonl"):
         lines = segment.read_bytes().splitlines(keepends=True)
-        segment.write_bytes(b"".join(_spool.unseal(line, True)[0] for line in lines))
+        segment.write_bytes(b"".join(_records.unseal(line, True)[0] for line in lines))
     inner = Switchable()
     _, processor, durable = pipeline(inner, tmp_path)
     assert wait_for(lambda: inner.ids() >= ids)
@@ -506,17 +522,17 @@ def test_a_log_written_for_another_backend_is_not_adopted(tmp_path):
 
 def test_log_dir_names_are_collision_free_and_hold_no_credentials():
     base = "http://collector.example.com:4318/" + "a" * 120
-    one, two = _spool.log_dir_name("otlp-http", base + "/team-one"), \
-        _spool.log_dir_name("otlp-http", base + "/team-two")
+    one, two = _log.log_dir_name("otlp-http", base + "/team-one"), \
+        _log.log_dir_name("otlp-http", base + "/team-two")
     assert one != two and len(one) <= 100
     for endpoint in ("http://user:hunter2@host:4318/v1/traces", "http://host:4318?api_key=K3Y",
                      "https://host/sk-abcdefghijklmnopqrstuvwx/v1/traces#frag"):
-        name = _spool.log_dir_name("otlp-http", endpoint)
+        name = _log.log_dir_name("otlp-http", endpoint)
         assert "host" in name
         for secret in ("user", "hunter2", "api_key", "K3Y", "sk-", "abcdefghij", "frag"):
             assert secret not in name, (secret, name)
-    assert _spool.log_dir_name("otlp-http", "http://u:a@h:1") != \
-        _spool.log_dir_name("otlp-http", "http://u:b@h:1")
+    assert _log.log_dir_name("otlp-http", "http://u:a@h:1") != \
+        _log.log_dir_name("otlp-http", "http://u:b@h:1")
 
 
 def test_shutdown_that_runs_out_of_time_hands_the_queue_to_the_log_unredacted(tmp_path):
