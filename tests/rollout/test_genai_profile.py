@@ -115,10 +115,15 @@ async def test_chat_messages_follow_the_genai_message_schema():
     spans = await _rollout()
     first, second = sorted(_one(spans, "AsyncTokenClient.generate"), key=lambda s: s.start_time)
     msgs_in = json.loads(second.attributes[semconv.GEN_AI_INPUT_MESSAGES])
-    assert [m["role"] for m in msgs_in] == ["user", "assistant", "tool"]
-    assert msgs_in[1]["parts"] == [{"type": "tool_call", "id": "call_0_0", "name": "calculator",
+    # per-turn content (docs/content.md): the second turn shows the messages it appended and
+    # refers to the first turn's list for the rest
+    assert [m["role"] for m in msgs_in] == ["assistant", "tool"]
+    assert second.attributes[semconv.CONTENT_MESSAGES_BASE_ID] == \
+        first.attributes[semconv.CONTENT_MESSAGES_ID]
+    assert second.attributes[semconv.CONTENT_MESSAGES_BASE_LEN] == 1
+    assert msgs_in[0]["parts"] == [{"type": "tool_call", "id": "call_0_0", "name": "calculator",
                                     "arguments": {"expression": "2+3"}}]
-    assert msgs_in[2]["parts"] == [{"type": "tool_call_response", "id": "call_0_0",
+    assert msgs_in[1]["parts"] == [{"type": "tool_call_response", "id": "call_0_0",
                                     "response": "5"}]
     out = json.loads(second.attributes[semconv.GEN_AI_OUTPUT_MESSAGES])
     assert out == [{"role": "assistant", "finish_reason": "stop",
