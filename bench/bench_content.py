@@ -12,7 +12,9 @@ calculator tool, 4 assistant turns, one token per character) with the engine's w
 
 Printed per context length: bytes per trajectory in the trace files and in the content store,
 the trajectory's unique content (its final token list and its message list, compact JSON: what
-a store holding each piece once would hold), the ratio stored / unique, and whether every LLM
+a store holding each piece once would hold), the ratio stored / unique (all bytes, and the
+content-carrying bytes: payload attributes plus the store, span metadata left out), and whether
+every LLM
 call's whole prompt rebuilds from the store exactly as the engine received it ("complete").
 
 Then the capture CPU of one turn (the op's input capture, ``payload_attrs``) at turn 1 (the whole
@@ -50,6 +52,9 @@ from otel_verl.store import read_spans  # noqa: E402
 from otel_verl.store._content import ContentIndex, turn_prompts  # noqa: E402
 
 stub.TURN_S = 0.0
+#: the span attributes that carry content (the rest of a span file is metadata)
+_CONTENT_ATTRS = ("input.value", "output.value", "gen_ai.input.messages",
+                  "gen_ai.output.messages")
 
 
 class RecordingClient(stub.SlowEngineClient):
@@ -106,13 +111,15 @@ def run_mode(mode: str, n: int, context: int) -> dict[str, Any]:
                  for o in outs)
     spans_bytes, content_bytes = _sizes(trace_dir)
     complete = None
+    spans = list(read_spans(trace_dir, warn=False))
+    payload = sum(len(str(v).encode()) for span in spans for k, v in span["attributes"].items()
+                  if k in _CONTENT_ATTRS)
     if mode == "after":
-        spans = list(read_spans(trace_dir, warn=False))
         rebuilt = sorted(map(tuple, (p.get("prompt") or [] for p in
                                      turn_prompts(spans, ContentIndex.load(trace_dir)))))
         complete = rebuilt == sorted(map(tuple, client.received))
     return {"spans": spans_bytes / n, "content": content_bytes / n, "unique": unique / n,
-            "complete": complete}
+            "payload": payload / n, "complete": complete}
 
 
 def turn_cpu(context: int, dedup: bool, repeats: int) -> tuple[float, float]:
@@ -155,7 +162,7 @@ def main() -> None:
     print(f"store bytes per trajectory ({args.trajectories} trajectories x 4 turns, file "
           "backend)")
     print(f"{'context':>8} {'mode':>7} {'span files':>11} {'content':>9} {'total':>9} "
-          f"{'unique':>9} {'total/unique':>12}  complete")
+          f"{'unique':>9} {'total/unique':>12} {'(payloads+content)/unique':>26}  complete")
     for context in contexts:
         for mode in ("before", "after"):
             r = run_mode(mode, args.trajectories, context)
@@ -163,7 +170,8 @@ def main() -> None:
             done = "-" if r["complete"] is None else ("yes" if r["complete"] else "NO")
             print(f"{context:>8} {mode:>7} {r['spans'] / 1024:>9.1f}Ki {r['content'] / 1024:>7.1f}"
                   f"Ki {total / 1024:>7.1f}Ki {r['unique'] / 1024:>7.1f}Ki "
-                  f"{total / r['unique']:>12.2f}  {done}", flush=True)
+                  f"{total / r['unique']:>12.2f} "
+                  f"{(r['payload'] + r['content']) / r['unique']:>26.2f}  {done}", flush=True)
     print("\ninput capture of one LLM turn (payload_attrs), medians of interleaved repeats")
     for context in contexts:
         before: list[tuple[float, float]] = []
