@@ -409,7 +409,7 @@ class TraceConfig:
     max_request_bytes: int = _option(
         3 * 1024 * 1024, _int_at_least(4096), env=(_env.OTEL_VERL_MAX_REQUEST_BYTES,),
         doc="bytes per export request at most (OTLP/JSON size of its spans; under the Collector's"
-            " 4 MiB gRPC limit); a larger span is cut to fit and marked `otel_verl.truncated`")
+            " 4 MiB gRPC limit); a larger span is cut to fit and marked `otel_verl.request_truncated`")
     max_spool_bytes: int = _option(
         1024 * 1024 * 1024, _int_at_least(1024 * 1024), env=(_env.OTEL_VERL_MAX_SPOOL_BYTES,),
         doc="bytes the durable log may hold per process; beyond it the oldest spans are dropped, "
