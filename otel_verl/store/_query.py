@@ -61,6 +61,8 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from otel_verl.store import list_files
 from otel_verl.store._compact import (
@@ -76,6 +78,7 @@ from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
 __all__ = ["STEPS_SQL", "TRAJECTORIES_SQL", "TRAJECTORY_ORDER", "Lake", "LakeState"]
 
 _MAX = 2**63 - 1
+_MAP_COLUMNS = ("ResourceAttributes", "SpanAttributes", "reward_components", "report_counts")
 _IDENTITY = ("step IS NULL AND sample_index IS NULL AND rollout_n IS NULL")
 
 #: the trajectory model in SQL (over the ``spans`` view)
@@ -227,9 +230,31 @@ def _q(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _as_ints(table: pa.Table) -> pa.Table:
+    """Times as int nanoseconds (Python's datetime has no nanoseconds)."""
+    for name, kind in (("Timestamp", pa.int64()), ("Events.Timestamp", pa.list_(pa.int64()))):
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, table.column(index).cast(kind))
+    return table
+
+
 def cache_path(lake: str, runs: int) -> str:
     """Where compaction leaves the segments' ``trajectories`` rows for manifest run ``runs``."""
     return os.path.join(lake, "trajectories", f"cache-{runs}.parquet")
+
+
+def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Drop the table or view ``name`` of the main schema, whichever it is."""
+    for kind, catalog in (("TABLE", "duckdb_tables()"), ("VIEW", "duckdb_views()")):
+        if con.execute(f"SELECT count(*) FROM {catalog} WHERE schema_name = 'main' AND "
+                       f"{'table_name' if kind == 'TABLE' else 'view_name'} = ?",
+                       [name]).fetchall()[0][0]:
+            con.execute(f"DROP {kind} {name}")
+
+
+def reports_path(lake: str, runs: int) -> str:
+    """The segments' sampling report rows, beside :func:`cache_path`."""
+    return os.path.join(lake, "trajectories", f"reports-{runs}.parquet")
 
 
 def create_views(con: duckdb.DuckDBPyConnection, segments: list[str], payloads: list[str],
@@ -273,15 +298,24 @@ def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
         final = cache_path(lake, manifest.runs)
         os.makedirs(os.path.dirname(final), exist_ok=True)
         tmp = os.path.join(lake, "tmp", f"cache-{os.getpid()}-{manifest.runs}.parquet")
-        con.execute(f"COPY ({trajectories_sql('segment_spans')}) TO {_q(tmp)} "
-                    "(FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"COPY ({trajectories_sql('segment_spans')} ORDER BY experiment, validate, "
+                    f"step, start_ns, trace_id) TO {_q(tmp)} "
+                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
+        final_reports = reports_path(lake, manifest.runs)
+        tmp_reports = tmp.replace("cache-", "reports-")
+        con.execute("COPY (SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, experiment, "
+                    "validate, step, report_counts FROM segment_spans WHERE is_report) "
+                    f"TO {_q(tmp_reports)} (FORMAT parquet)")
     finally:
         con.close()
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
+    for path in (tmp, tmp_reports):
+        with open(path, "rb+") as handle:
+            os.fsync(handle.fileno())
+    os.replace(tmp_reports, final_reports)
     os.replace(tmp, final)
+    keep = {os.path.basename(final), os.path.basename(final_reports)}
     for name in os.listdir(os.path.dirname(final)):
-        if name != os.path.basename(final):
+        if name not in keep:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(os.path.dirname(final), name))
     return final
@@ -302,7 +336,11 @@ class Lake:
         self._lock = threading.RLock()
         self._segments: list[str] = []
         self._partitions: dict[tuple[str, str], list[str]] = {}
+        self._footers: dict[str, tuple[pq.ParquetFile, list[tuple[str, str]]]] = {}
+        self._raw: pa.Table = Columns().table()
+        self._excluded: set[str] = set()
         self._exclusion = ""
+        self._steps_ready = False
         self.state = LakeState()
 
     @classmethod
@@ -370,6 +408,8 @@ class Lake:
             raw = columns.table()
             raw_payload = columns.payload_table()
             state.raw_spans = raw.num_rows
+            self._raw = raw
+            self._excluded = excluded
             con = self.connection
             con.register("raw_spans_arrow", raw)
             con.register("raw_payload_arrow", raw_payload)
@@ -381,25 +421,39 @@ class Lake:
             self._exclusion = (f" AND source NOT IN ({', '.join(_q(s) for s in sorted(excluded))})"
                                if excluded else "")
             cache = cache_path(self.lake_dir, manifest.runs)
-            if segments and excluded == set(manifest.excluded) and os.path.exists(cache):
+            reports = reports_path(self.lake_dir, manifest.runs)
+            con.execute("CREATE OR REPLACE TEMP VIEW raw_reports AS SELECT TraceId, SpanId, "
+                        "experiment, validate, step, report_counts FROM raw_spans_arrow "
+                        "WHERE is_report")
+            if (segments and excluded == set(manifest.excluded) and os.path.exists(cache)
+                    and os.path.exists(reports)):
                 # the segments' trajectories as compaction left them; the traces the raw
                 # lines touch are built again from all their spans
                 con.execute("CREATE OR REPLACE TEMP TABLE raw_traces AS "
                             "SELECT DISTINCT TraceId FROM raw_spans_arrow")
                 con.execute("CREATE OR REPLACE TEMP VIEW touched_spans AS SELECT * FROM spans "
                             "WHERE TraceId IN (SELECT TraceId FROM raw_traces)")
+                _drop(con, "trajectories")
+                con.execute("CREATE OR REPLACE TABLE touched_trajectories AS "
+                            f"{trajectories_sql('touched_spans')}")
                 con.execute(
-                    f"CREATE OR REPLACE TABLE trajectories AS SELECT * FROM read_parquet({_q(cache)}, hive_partitioning = false) "
-                    "WHERE trace_id NOT IN (SELECT TraceId FROM raw_traces) UNION ALL "
-                    f"SELECT * FROM ({trajectories_sql('touched_spans')})")
+                    "CREATE OR REPLACE VIEW trajectories AS SELECT * FROM "
+                    f"read_parquet({_q(cache)}, hive_partitioning = false) WHERE trace_id NOT IN "
+                    "(SELECT TraceId FROM raw_traces) UNION ALL SELECT * FROM touched_trajectories")
+                con.execute(
+                    "CREATE OR REPLACE VIEW reports AS SELECT * FROM "
+                    f"read_parquet({_q(reports)}, hive_partitioning = false) "
+                    "UNION ALL SELECT * FROM raw_reports")
                 state.cached = True
             else:
+                _drop(con, "trajectories")
                 con.execute(f"CREATE OR REPLACE TABLE trajectories AS {trajectories_sql()}")
+                con.execute("CREATE OR REPLACE VIEW reports AS SELECT TraceId, SpanId, experiment, "
+                            "validate, step, report_counts FROM spans WHERE is_report")
             con.execute(f"CREATE OR REPLACE VIEW steps AS {STEPS_SQL}")
-            con.execute("CREATE OR REPLACE TABLE reports AS SELECT DISTINCT ON (TraceId, SpanId) "
-                        "experiment, validate, step, report_counts FROM spans WHERE is_report")
+            self._steps_ready = False
             self._partitions = self._partition_files(segments)
-            state.segment_rows = con.execute("SELECT count(*) FROM segment_spans").fetchall()[0][0]
+            state.segment_rows = manifest.rows
             state.trajectories = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
             self.state = state
             return state
@@ -425,7 +479,12 @@ class Lake:
         workers' sampling reports (``ran``, ``dropped``) and steps that only have reports."""
         where, params = ("WHERE experiment = ?", [experiment]) if experiment is not None \
             else ("", [])
-        out = self.rows(f"SELECT * FROM steps {where}", params)
+        with self._lock:
+            if not self._steps_ready:
+                self.connection.execute("CREATE OR REPLACE TABLE steps_table AS "
+                                        "SELECT * FROM steps")
+                self._steps_ready = True
+            out = self.rows(f"SELECT * FROM steps_table {where}", params)
         for row in out:
             mean, mean_sq = row["reward_mean"], row.pop("reward_mean_sq")
             row["reward_std"] = (math.sqrt(max(mean_sq - mean * mean, 0.0))
@@ -454,7 +513,8 @@ class Lake:
     def sampling_reports(self) -> dict[tuple[Any, Any, Any], dict[str, int]]:
         """The workers' ``otel_verl.sampling_report`` counts summed per step."""
         totals: dict[tuple[Any, Any, Any], dict[str, int]] = {}
-        for row in self.rows("SELECT experiment, validate, step, report_counts FROM reports"):
+        for row in self.rows("SELECT DISTINCT ON (TraceId, SpanId) experiment, validate, step, "
+                             "report_counts FROM reports"):
             exp, validate, step, counts = row.values()
             into = totals.setdefault((exp, validate, step), {})
             for name, value in (counts or {}).items():
@@ -526,11 +586,29 @@ class Lake:
             out.setdefault(key, []).append(path)
         return out
 
-    def trajectory(self, trace_id: str) -> list[dict[str, Any]]:
-        """Every stored span of one trace (``spans`` columns), by start time, deduplicated.
+    def _row_groups(self, path: str) -> tuple[pq.ParquetFile, list[tuple[str, str]]]:
+        """A segment's reader and its row groups' ``TraceId`` ranges (cached: segments never
+        change once written)."""
+        found = self._footers.get(path)
+        if found is None:
+            reader = pq.ParquetFile(path, memory_map=True)
+            meta = reader.metadata
+            column = meta.schema.names.index("TraceId") if "TraceId" in meta.schema.names \
+                else SPAN_SCHEMA.names.index("TraceId")
+            ranges = []
+            for g in range(meta.num_row_groups):
+                stats = meta.row_group(g).column(column).statistics
+                ranges.append((stats.min, stats.max) if stats is not None and stats.has_min_max
+                              else ("", "\uffff"))
+            found = self._footers[path] = (reader, ranges)
+        return found
 
-        Reads only the segments of the trace's partitions (from ``trajectories``) and those
-        of spans without a step (an engine's), pruned by their sorted ``TraceId`` statistics."""
+    def trajectory(self, trace_id: str) -> list[dict[str, Any]]:
+        """Every stored span of one trace (``spans`` columns; maps as dicts; ``Timestamp`` and
+        ``Events.Timestamp`` as int nanoseconds), by start time, deduplicated.
+
+        Reads only the row groups (sorted by ``TraceId``) of the trace's partitions (from
+        ``trajectories``) and of the spans without a step, and the raw rows of the trace."""
         trace_id = trace_id.lower()
         with self._lock:
             where = self.rows("SELECT DISTINCT experiment, step FROM trajectories "
@@ -543,20 +621,31 @@ class Lake:
                      if key in wanted or key[1] == "step=" + NULL_PART for f in paths]
             if not where:  # not a trajectory we know: look everywhere
                 files = self._segments
-            names = ", ".join(f'"{n}"' for n in SPAN_SCHEMA.names)
-            parts = [f"SELECT {names} FROM raw_spans_arrow WHERE TraceId = $t"]
-            if files:
-                listed = "[" + ", ".join(_q(f) for f in files) + "]"
-                parts.append(f"SELECT {names} FROM read_parquet({listed}, hive_partitioning = "
-                             f"false) WHERE TraceId = $t{self._exclusion}")
-            rows = self.rows(" UNION ALL ".join(parts) + " ORDER BY Timestamp, SpanId",
-                             {"t": trace_id})
+            tables = []
+            for path in files:
+                reader, ranges = self._row_groups(path)
+                groups = [g for g, (lo, hi) in enumerate(ranges) if lo <= trace_id <= hi]
+                if groups:
+                    table = reader.read_row_groups(groups, use_threads=False)
+                    tables.append(table.filter(pc.equal(table["TraceId"], trace_id)))
+            raw = self._raw
+            if raw.num_rows:
+                tables.append(raw.filter(pc.equal(raw["TraceId"], trace_id)))
+        rows = [row for table in tables for row in _as_ints(table).to_pylist()
+                if row["source"] not in self._excluded]
+        rows.sort(key=lambda r: (r["Timestamp"] is None, r["Timestamp"] or 0, r["SpanId"]))
         seen: set[str] = set()
         out = []
         for row in rows:
-            if row["SpanId"] not in seen:
-                seen.add(row["SpanId"])
-                out.append(row)
+            if row["SpanId"] in seen:
+                continue
+            seen.add(row["SpanId"])
+            for name in _MAP_COLUMNS:
+                if row[name] is not None:
+                    row[name] = dict(row[name])
+            for name in ("Events.Attributes", "Links.Attributes"):
+                row[name] = [dict(m) for m in row[name] or ()]
+            out.append(row)
         return out
 
     def payloads_of(self, trace_id: str) -> dict[str, dict[str, str]]:

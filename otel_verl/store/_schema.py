@@ -159,129 +159,122 @@ _FLAT_MAPS = ("ResourceAttributes", "SpanAttributes")
 
 
 class Columns:
-    """Span rows gathered column by column, then turned into Arrow tables.
+    """Span rows gathered as tuples (one per span), then turned into Arrow tables.
 
     Strings must be valid Unicode (no lone surrogates): the decoder guarantees it
     (:func:`otel_verl.store._compact.decode_range` scrubs what the stdlib fallback lets in).
     """
 
     def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {name: [] for name in SPAN_SCHEMA.names
-                                           if name not in _FLAT_MAPS}
+        self.rows: list[tuple[Any, ...]] = []
         # the two big maps, flat: offsets, keys, values
         self.maps: dict[str, tuple[list[int], list[str], list[str]]] = {
             name: ([0], [], []) for name in _FLAT_MAPS}
         self.payload: dict[str, list[Any]] = {name: [] for name in PAYLOAD_SCHEMA.names}
+        self._column_cache: dict[str, list[Any]] | None = None
 
     def __len__(self) -> int:
-        return len(self.cols["SpanId"])
+        return len(self.rows)
+
+    @property
+    def cols(self) -> dict[str, list[Any]]:
+        """The rows as columns (the map columns apart, in :attr:`maps`)."""
+        if self._column_cache is None or len(self._column_cache["SpanId"]) != len(self.rows):
+            columns = list(zip(*self.rows, strict=True)) if self.rows else \
+                [() for _ in _ROW_NAMES]
+            self._column_cache = {name: list(col) for name, col in
+                                  zip(_ROW_NAMES, columns, strict=True)}
+        return self._column_cache
 
     def add(self, span: SpanRecord, source: str, offset: int) -> None:
         """One decoded span (see :class:`otel_verl.store._record.SpanRecord`)."""
         a = span["attributes"]
         r = span["resource"]
-        c = self.cols
-
-        def rl(key: str) -> Any:
-            value = a.get(key)
-            return r.get(key) if value is None else value
-
         payload: list[tuple[str, str]] = []
+        components: list[tuple[str, float]] = []
+        counts: list[tuple[str, int]] = []
         s_off, s_keys, s_values = self.maps["SpanAttributes"]
+        payload_keys = _record.PAYLOAD_KEYS
         for key, value in a.items():
-            text = value if isinstance(value, str) else as_string(value)
-            if key in _record.PAYLOAD_KEYS or len(text) > PAYLOAD_INLINE_MAX:
+            text = value if value.__class__ is str else as_string(value)
+            if key in payload_keys or len(text) > PAYLOAD_INLINE_MAX:
                 payload.append((key, text))
             else:
                 s_keys.append(key)
                 s_values.append(text)
+            if key.startswith("rollout.") and key.startswith(_PREFIXES):
+                if key.startswith(REWARD_COMPONENT_PREFIX):
+                    f = _finite(value)
+                    if f is not None:
+                        components.append((key[_RC:], f))
+                elif (n := _int(value)) is not None:
+                    counts.append((key[_RP:], n))
         s_off.append(len(s_keys))
         r_off, r_keys, r_values = self.maps["ResourceAttributes"]
         for key, value in r.items():
             r_keys.append(key)
-            r_values.append(value if isinstance(value, str) else as_string(value))
+            r_values.append(value if value.__class__ is str else as_string(value))
         r_off.append(len(r_keys))
+        get = a.get
         start, end = _ns(span["start_ns"]), _ns(span["end_ns"])
-        experiment = rl(semconv.ROLLOUT_EXPERIMENT_NAME)
-        step = _int(rl(semconv.ROLLOUT_STEP))
-        validate = rl(semconv.ROLLOUT_VALIDATE)
+        experiment = get(_EXPERIMENT)
+        if experiment is None:
+            experiment = r.get(_EXPERIMENT)
+        project = get(_PROJECT)
+        if project is None:
+            project = r.get(_PROJECT)
+        step = get(_STEP)
+        step = _int(r.get(_STEP) if step is None else step)
+        sample = get(_SAMPLE)
+        sample = _int(r.get(_SAMPLE) if sample is None else sample)
+        rollout_n = get(_ROLLOUT_N)
+        rollout_n = _int(r.get(_ROLLOUT_N) if rollout_n is None else rollout_n)
+        validate = get(_VALIDATE)
+        if validate is None:
+            validate = r.get(_VALIDATE)
         events = span["events"]
-        score, label = _record.evaluation(span) if events or \
-            semconv.GEN_AI_EVALUATION_SCORE_LABEL in a else (None, None)
-        llm = _record.is_llm_span(span)
-        tool = _record.is_tool_span(span)
-        finish = a.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
+        score, label = _record.evaluation(span) if events or _LABEL in a else (None, None)
+        operation = get(_OPERATION)
+        if operation is not None:
+            llm = operation in _LLM_OPERATIONS
+            tool = operation == "execute_tool" or get(_KIND) == _TOOL
+        else:
+            kind = get(_KIND)
+            llm = kind == _LLM
+            tool = kind == _TOOL
+        finish = get(_FINISH)
         if isinstance(finish, list):
             finish = finish[0] if finish else None
-        report = _record.is_sampling_report(span)
-        c["Timestamp"].append(start)
-        c["TraceId"].append(span["trace_id"])
-        c["SpanId"].append(span["span_id"])
-        c["ParentSpanId"].append(span["parent_span_id"] or "")
-        c["TraceState"].append("")
-        c["SpanName"].append(span["name"])
-        c["SpanKind"].append(_KINDS.get(span["kind"]) or str(span["kind"]))
-        c["ServiceName"].append(_text(r.get(semconv.SERVICE_NAME)) or "")
-        c["ScopeName"].append(span["scope"]["name"])
-        c["ScopeVersion"].append(span["scope"]["version"])
-        c["Duration"].append(end - start if start is not None and end is not None
-                             and end >= start else None)
+        report = span["name"] == _REPORT and span["parent_span_id"] is None
         code = span["status"]["code"]
-        c["StatusCode"].append(_CODES.get(code) or code)
-        c["StatusMessage"].append(span["status"]["message"])
-        if events:
-            c["Events.Timestamp"].append([_ns(e["time_ns"]) for e in events])
-            c["Events.Name"].append([e["name"] for e in events])
-            c["Events.Attributes"].append([_str_map(e["attributes"]) for e in events])
-        else:
-            c["Events.Timestamp"].append(_EMPTY)
-            c["Events.Name"].append(_EMPTY)
-            c["Events.Attributes"].append(_EMPTY)
-        links = span["links"]
-        if links:
-            c["Links.TraceId"].append([lk["trace_id"] or "" for lk in links])
-            c["Links.SpanId"].append([lk["span_id"] or "" for lk in links])
-            c["Links.TraceState"].append(["" for _ in links])
-            c["Links.Attributes"].append([_str_map(lk["attributes"]) for lk in links])
-        else:
-            c["Links.TraceId"].append(_EMPTY)
-            c["Links.SpanId"].append(_EMPTY)
-            c["Links.TraceState"].append(_EMPTY)
-            c["Links.Attributes"].append(_EMPTY)
-        c["experiment"].append(_text(experiment))
-        c["project"].append(_text(rl(semconv.ROLLOUT_PROJECT_NAME)))
-        c["step"].append(step)
-        c["sample_index"].append(_int(rl(semconv.ROLLOUT_SAMPLE_INDEX)))
-        c["rollout_n"].append(_int(rl(semconv.ROLLOUT_ROLLOUT_N)))
-        c["validate"].append(validate if isinstance(validate, bool) else None)
-        c["is_trajectory"].append(_record.is_trajectory_span(span))
-        c["is_report"].append(report)
-        c["is_llm"].append(llm)
-        c["is_tool"].append(tool)
-        c["tool_name"].append(_text(a.get(semconv.GEN_AI_TOOL_NAME)) if tool else None)
-        c["tool_error"].append(_record.is_tool_error(span) if tool else False)
-        c["reward"].append(_finite(a.get(semconv.ROLLOUT_REWARD)))
-        components = [(k[len(REWARD_COMPONENT_PREFIX):], f) for k, v in a.items()
-                      if k.startswith(REWARD_COMPONENT_PREFIX)
-                      and (f := _finite(v)) is not None]
-        c["reward_components"].append(components or None)
-        c["eval_score"].append(_finite(score))
-        c["eval_label"].append(str(label)[:200] if label is not None else None)
-        c["turns"].append(_int(a.get(semconv.ROLLOUT_NUM_TURNS)))
-        c["tokens_in"].append(_int(a.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)))
-        c["tokens_out"].append(_int(a.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)))
-        c["finish_reason"].append(_text(finish, 100))
-        c["termination"].append(_text(a.get(semconv.ROLLOUT_TERMINATION), 100))
-        c["sampling_reason"].append(_text(a.get(semconv.ROLLOUT_SAMPLING_REASON), 200))
-        c["sampling_weight"].append(_finite(a.get(semconv.ROLLOUT_SAMPLING_WEIGHT)))
-        c["policy_version"].append(_int(a.get(POLICY_VERSION)))
         error = _record.exception_text(span) if events or code == "ERROR" else None
-        c["error_text"].append(error[:500] if error else None)
-        c["report_counts"].append(
-            [(k[len(REPORT_PREFIX):], n) for k, v in a.items()
-             if k.startswith(REPORT_PREFIX) and (n := _int(v)) is not None] if report else None)
-        c["source"].append(source)
-        c["source_offset"].append(offset)
+        links = span["links"]
+        self.rows.append((
+            start, span["trace_id"], span["span_id"], span["parent_span_id"] or "", "",
+            span["name"], _KINDS.get(span["kind"]) or str(span["kind"]),
+            _text(r.get(_SERVICE)) or "", span["scope"]["name"], span["scope"]["version"],
+            end - start if start is not None and end is not None and end >= start else None,
+            _CODES.get(code) or code, span["status"]["message"],
+            [_ns(e["time_ns"]) for e in events] if events else _EMPTY,
+            [e["name"] for e in events] if events else _EMPTY,
+            [_str_map(e["attributes"]) for e in events] if events else _EMPTY,
+            [lk["trace_id"] or "" for lk in links] if links else _EMPTY,
+            [lk["span_id"] or "" for lk in links] if links else _EMPTY,
+            ["" for _ in links] if links else _EMPTY,
+            [_str_map(lk["attributes"]) for lk in links] if links else _EMPTY,
+            _text(experiment), _text(project), step, sample, rollout_n,
+            validate if validate.__class__ is bool else None,
+            get(_TRAJECTORY) is True, report, llm, tool,
+            _text(get(_TOOL_NAME)) if tool else None,
+            _record.is_tool_error(span) if tool else False,
+            _finite(get(_REWARD)), components or None, _finite(score),
+            str(label)[:200] if label is not None else None,
+            _int(get(_TURNS)), _int(get(_TOKENS_IN)), _int(get(_TOKENS_OUT)),
+            _text(finish, 100), _text(get(_TERMINATION), 100),
+            _text(get(_SAMPLING_REASON), 200), _finite(get(_SAMPLING_WEIGHT)),
+            _int(get(POLICY_VERSION)), error[:500] if error else None,
+            (counts if report else None), source, offset,
+        ))
         if payload:
             p = self.payload
             p["TraceId"].append(span["trace_id"])
@@ -291,6 +284,7 @@ class Columns:
             p["step"].append(step)
 
     def table(self) -> pa.Table:
+        columns = self.cols
         arrays = []
         for name, column_type in zip(SPAN_SCHEMA.names, SPAN_SCHEMA.types, strict=True):
             if name in self.maps:
@@ -299,7 +293,7 @@ class Columns:
                     pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
                     pa.array(values, pa.string())))
             else:
-                arrays.append(pa.array(self.cols[name], column_type))
+                arrays.append(pa.array(columns[name], column_type))
         return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
 
     def payload_table(self) -> pa.Table:
@@ -307,3 +301,30 @@ class Columns:
 
 
 _EMPTY: list[Any] = []
+_ROW_NAMES = tuple(n for n in SPAN_SCHEMA.names if n not in _FLAT_MAPS)
+_PREFIXES = (REWARD_COMPONENT_PREFIX, REPORT_PREFIX)
+_RC, _RP = len(REWARD_COMPONENT_PREFIX), len(REPORT_PREFIX)
+_EXPERIMENT = semconv.ROLLOUT_EXPERIMENT_NAME
+_PROJECT = semconv.ROLLOUT_PROJECT_NAME
+_STEP = semconv.ROLLOUT_STEP
+_SAMPLE = semconv.ROLLOUT_SAMPLE_INDEX
+_ROLLOUT_N = semconv.ROLLOUT_ROLLOUT_N
+_VALIDATE = semconv.ROLLOUT_VALIDATE
+_LABEL = semconv.GEN_AI_EVALUATION_SCORE_LABEL
+_OPERATION = semconv.GEN_AI_OPERATION_NAME
+_KIND = semconv.OPENINFERENCE_SPAN_KIND
+_LLM = semconv.SpanKindName.LLM
+_TOOL = semconv.SpanKindName.TOOL
+_LLM_OPERATIONS = ("chat", "text_completion", "generate_content")
+_FINISH = semconv.GEN_AI_RESPONSE_FINISH_REASONS
+_REPORT = semconv.SAMPLING_REPORT_SPAN
+_SERVICE = semconv.SERVICE_NAME
+_TRAJECTORY = semconv.OTEL_VERL_TRAJECTORY
+_TOOL_NAME = semconv.GEN_AI_TOOL_NAME
+_REWARD = semconv.ROLLOUT_REWARD
+_TURNS = semconv.ROLLOUT_NUM_TURNS
+_TOKENS_IN = semconv.GEN_AI_USAGE_INPUT_TOKENS
+_TOKENS_OUT = semconv.GEN_AI_USAGE_OUTPUT_TOKENS
+_TERMINATION = semconv.ROLLOUT_TERMINATION
+_SAMPLING_REASON = semconv.ROLLOUT_SAMPLING_REASON
+_SAMPLING_WEIGHT = semconv.ROLLOUT_SAMPLING_WEIGHT
