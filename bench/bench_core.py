@@ -102,7 +102,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=5000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--metadata-only", action="store_true",
+                        help="capture_payloads=False (the SDK baselines record no JSON either)")
     args = parser.parse_args()
+    payloads = not args.metadata_only
 
     # bare SDK span, same processor kind and settings as otel_verl's
     bare_processor = BoundedBatchProcessor(NullExporter())
@@ -125,7 +128,7 @@ def main() -> int:
             return result
 
     RolloutTraceConfig.init("bench", "bench", "console", exporter=NullExporter(),
-                            max_queue_size=1 << 20)
+                            max_queue_size=1 << 20, capture_payloads=payloads)
     loop = Loop()
 
     def traced():
@@ -157,12 +160,15 @@ def main() -> int:
 
     def bare_span_same_data_in_trajectory():
         attrs = {**traj_attrs, "otel_verl.trajectory_child": True,
-                 "input.value": json.dumps({"messages": MESSAGES, "temperature": 1.0}),
-                 "input.mime_type": "application/json", "openinference.span.kind": "LLM"}
+                 "openinference.span.kind": "LLM"}
+        if payloads:
+            attrs.update({"input.value": json.dumps({"messages": MESSAGES, "temperature": 1.0}),
+                          "input.mime_type": "application/json"})
         with tracer.start_as_current_span("Loop.generate", attributes=attrs) as span:
             result = work(MESSAGES)
-            span.set_attributes({"output.value": json.dumps(result),
-                                 "output.mime_type": "application/json"})
+            if payloads:
+                span.set_attributes({"output.value": json.dumps(result),
+                                     "output.mime_type": "application/json"})
             return result
 
     def op_in_open_trajectory() -> float:
@@ -204,7 +210,8 @@ def main() -> int:
         else:
             print("WARNING: Weave's server recorded no calls; the weave figure below is not valid")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, n={args.n}, "
-          f"rounds={args.rounds} (medians, µs per call)")
+          f"rounds={args.rounds} (medians, µs per call)"
+          f"{', metadata only (capture_payloads=False)' if args.metadata_only else ''}")
     for name, value in results.items():
         print(f"  {name:24s} {value:9.2f} µs")
     print("ratios:")
