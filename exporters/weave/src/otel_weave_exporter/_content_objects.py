@@ -305,35 +305,62 @@ class ContentCalls:
     def _object(self, name: str, kind: str, items: list[Any]) -> str | None:
         return self.objects.ref(name, {"content_id": name, "kind": kind, "items": items})
 
-    def _entry(self, node_id: str, depth: int = 0) -> list[Any] | tuple[Segment, ...] | None:
-        """A node's items or segments: remembered, else rebuilt from the content store."""
+    def _entry(self, node_id: str) -> list[Any] | tuple[Segment, ...] | None:
+        """A node's items or segments: remembered, else rebuilt from the content store by
+        following its base links back to a node known here or a node without a base (a loop or
+        a missing node: None)."""
         known = self._nodes.get(node_id)
         if known is not None:
             self._nodes.move_to_end(node_id)
             return known
-        if self.reader is None or depth > 10_000:
+        if self.reader is None:
             return None
-        node = self.reader.node(node_id)
-        if node is None or not isinstance(node.get("delta"), list):
-            return None
-        base = node.get("base")
-        entry = self._extend(node_id, str(node.get("kind") or ""), str(base) if base else None,
-                             _int(node.get("base_len")), node["delta"], depth)
-        if entry is not None:
-            self._remember(node_id, entry)
+        chain: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        current = node_id
+        start: list[Any] | tuple[Segment, ...] | None = None
+        while True:
+            if current in seen:
+                return None
+            seen.add(current)
+            node = self.reader.node(current)
+            if node is None or not isinstance(node.get("delta"), list):
+                return None
+            chain.append(node)
+            base = node.get("base")
+            if not base:
+                break
+            start = self._nodes.get(str(base))
+            if start is not None:
+                break
+            current = str(base)
+        entry = start
+        for node in reversed(chain):
+            base = node.get("base")
+            entry = self._extend_with(str(node["id"]), str(node.get("kind") or ""),
+                                      str(base) if base else None, entry if base else None,
+                                      _int(node.get("base_len")), node["delta"])
+            if entry is None:
+                return None
+            self._remember(str(node["id"]), entry)
         return entry
 
     def _extend(self, node_id: str, kind: str, base_id: str | None, base_len: int,
-                delta: list[Any], depth: int = 0) -> list[Any] | tuple[Segment, ...] | None:
+                delta: list[Any]) -> list[Any] | tuple[Segment, ...] | None:
         """The entry of ``content(base_id)[:base_len] + delta`` (None: the base is unknown)."""
-        head: list[Any] | tuple[Segment, ...] = []
-        if base_id is not None:
-            base = self._entry(base_id, depth + 1)
-            if base is None:
-                return None
-            head = self._head(base_id, kind, base, base_len)  # type: ignore[assignment]
-            if head is None:
-                return None
+        base = self._entry(base_id) if base_id is not None else None
+        if base_id is not None and base is None:
+            return None
+        return self._extend_with(node_id, kind, base_id, base, base_len, delta)
+
+    def _extend_with(self, node_id: str, kind: str, base_id: str | None,
+                     base: list[Any] | tuple[Segment, ...] | None, base_len: int,
+                     delta: list[Any]) -> list[Any] | tuple[Segment, ...] | None:
+        head: list[Any] | tuple[Segment, ...] | None = []
+        if base_id is not None and base is not None:
+            head = self._head(base_id, kind, base, base_len)
+        if head is None:
+            return None
         if isinstance(head, list) and self._small(head + delta):
             return head + delta
         segments = self._as_segments(base_id or node_id, kind, head)
@@ -371,10 +398,15 @@ class ContentCalls:
         base_len = _int(attrs.get(c.CONTENT_BASE_LEN))
         delta = inputs.get(field)
         inline = attrs.get(c.CONTENT_INLINE, True) is not False
-        if not (inline and isinstance(delta, list)
-                and len(delta) == _int(attrs.get(c.CONTENT_DELTA_LEN), len(delta))):
+        delta_len = _int(attrs.get(c.CONTENT_DELTA_LEN), -1)
+        if delta_len == 0:
+            delta = []  # appends nothing: the call's prompt is its base's node
+        elif not (inline and isinstance(delta, list) and len(delta) == delta_len):
             node = self.reader.node(node_id) if self.reader is not None else None
-            delta = node.get("delta") if node is not None else None
+            # the store's node must be this call's step (same base), not another one's
+            same = node is not None and (node.get("base") or None) == (base_id or None) and \
+                _int(node.get("base_len")) == base_len
+            delta = node.get("delta") if node is not None and same else None
         entry = None
         if isinstance(delta, list) and base_len + len(delta) == length:
             entry = self._nodes.get(node_id) or self._extend(
@@ -394,8 +426,11 @@ class ContentCalls:
         if isinstance(entry, list):
             inputs[field] = entry  # small: the whole prompt, as the engine received it
         else:
-            segments: list[Any] = _take(entry[:-1], base_len)
-            segments.append(delta if self._small(delta) else entry[-1][0])
+            if delta:  # the entry's last segment is this call's own delta
+                segments: list[Any] = _take(entry[:-1], base_len)
+                segments.append(delta if self._small(delta) else entry[-1][0])
+            else:  # appends nothing: the prompt is its base's node
+                segments = _take(entry, length)
             view = {"content_id": node_id, "length": length, "segments": segments}
             if base_id:
                 view["extends"] = {"content_id": base_id, "length": base_len,
