@@ -7,9 +7,13 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared stub servers
+from _servers import LocalServer, QuietHandler  # noqa: E402
 
 
 class Recorder:
@@ -25,15 +29,9 @@ class Recorder:
         self.release = threading.Event()
         rec = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True  # headers and body are two writes
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                raw = self.read_body()
                 rec.requests.append(
                     {"path": self.path, "headers": dict(self.headers.items()), "body": raw}
                 )
@@ -49,23 +47,16 @@ class Recorder:
                 if rec.reject_marker is not None and rec.reject_marker in raw:
                     status = 400
                 body = rec.reply_body if status == 200 else json.dumps({"reason": "scripted"}).encode()
-                self.send_response(status)
-                if rec.retry_after and status in (429, 503):
-                    self.send_header("Retry-After", rec.retry_after)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                retry = rec.retry_after if status in (429, 503) else None
+                self.reply(status, body, "application/json",
+                           {"Retry-After": retry} if retry else None)
                 if rec.drop_keepalive:
                     self.close_connection = True
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        # a short poll: shutdown() waits for it (0.5 s by default, per test)
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
+        # a short poll: close() waits for it (0.5 s by default, per test)
+        self._server = LocalServer(Handler, poll_interval=0.02)
+        self.httpd = self._server.httpd
+        self.url = self._server.url
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(r["body"]) for r in self.requests]
@@ -74,10 +65,9 @@ class Recorder:
         return [c for b in self.bodies() for c in b["batch"]]
 
     def __enter__(self) -> Recorder:
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._server.close()
