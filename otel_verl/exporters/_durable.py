@@ -130,18 +130,19 @@ class DurableSpanExporter(SpanExporter):
         self._counts = Counts()
         self._redact = Redactor(transform, self._counts)
         self._closed = False
-        self._log, self._sender = self._start()
+        self._start()
         _LIVE.add(self)
 
-    def _start(self) -> tuple[SpanLog, Sender]:
+    def _start(self) -> None:
         """A log (written from the first export on) and its sender thread (also after fork)."""
-        log = SpanLog(self.directory, self.backend_id, self.settings, self._counts, self._redact)
-        return log, Sender(log, self.inner, self.settings, self._counts)
+        self._log = SpanLog(self.directory, self.backend_id, self.settings, self._counts,
+                            self._redact)
+        self._sender = Sender(self._log, self.inner, self.settings, self._counts)
 
     def _after_fork_in_child(self) -> None:
         self._log.forget_parent()
         self._counts.reset_after_fork()
-        self._log, self._sender = self._start()
+        self._start()
 
     # -- SpanExporter: the processor's side (disk only) -----------------------------------------
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
