@@ -73,7 +73,7 @@ class WeaveObjectsShim(WeaveShim):
             return int(conn.execute("SELECT COUNT(*) FROM objects").fetchone()[0])
 
     def prompt(self, field: Any) -> list[Any]:
-        """A call's whole prompt from its delta-coded field as the exporter shows it: the items
+        """A whole prompt (or a resolved reference) as the exporter shows it: the items
         themselves (a small prompt), or segments (inline items, refs, ``{"ref", "len"}`` heads)
         whose refs are read back through the server (``refs_read_batch``)."""
         if isinstance(field, list):
@@ -88,6 +88,7 @@ class WeaveObjectsShim(WeaveShim):
                 out.extend(seg)
                 continue
             items = next(values)["items"]
-            out.extend(items if isinstance(seg, str) else items[: seg["len"]])
+            first = 0 if isinstance(seg, str) else seg.get("start", 0)
+            out.extend(items if isinstance(seg, str) else items[first:first + seg["len"]])
         assert len(out) == field["length"], (len(out), field["length"])
         return out

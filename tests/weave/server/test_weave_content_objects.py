@@ -145,8 +145,11 @@ def test_shared_content_is_one_object_however_many_calls_refer_to_it(rollouts):
     (value,) = shim.read_refs([shared])
     assert value["items"] == prompt
     # Weave's own index of refs: the calls that use the shared prompt, found by it
-    users = shim.calls(PROJECT_ID, input_refs=[shared])
-    assert len(users) == len(STEPS) * (N * TURNS - 1)  # all but the edited prompts (a step each)
+    users = Counter(c.op_name.rsplit(".", 1)[-1]
+                    for c in shim.calls(PROJECT_ID, input_refs=[shared]))
+    # every turn but the edited prompts' (one a step), and each agent loop's own prompt input
+    # (its call and the trajectory's root call, named after it)
+    assert users == {"generate": len(STEPS) * (N * TURNS - 1), "run": 2 * len(STEPS) * N}, users
     # stored once: one object row per distinct object, however many calls refer to it
     objects = shim.objects(PROJECT_ID)
     names = Counter(o.object_id for o in objects)

@@ -65,7 +65,8 @@ def _rebuild(field: Any, values: dict[str, Any]) -> list[int]:
         elif isinstance(seg, str):
             out.extend(values[seg]["items"])
         else:
-            out.extend(values[seg["ref"]]["items"][: seg["len"]])
+            first = seg.get("start", 0)
+            out.extend(values[seg["ref"]]["items"][first:first + seg["len"]])
     return out
 
 

@@ -246,6 +246,28 @@ def _take(segments: tuple[Segment, ...], n: int) -> list[Any]:
     return out
 
 
+def _slice(segments: tuple[Segment, ...], start: int, n: int) -> list[Any]:
+    """Items ``start`` to ``start + n`` of ``segments`` as call segments (a whole object as its
+    ref, a part of one as ``{"ref", "start", "len"}``, ``start`` left out when 0)."""
+    out: list[Any] = []
+    pos = 0
+    end = start + n
+    for uri, length in segments:
+        lo, hi = max(start, pos), min(end, pos + length)
+        if lo < hi:
+            if lo == pos and hi == pos + length:
+                out.append(uri)
+            else:
+                part: dict[str, Any] = {"ref": uri, "len": hi - lo}
+                if lo > pos:
+                    part["start"] = lo - pos
+                out.append(part)
+        pos += length
+        if pos >= end:
+            break
+    return out
+
+
 def _prefix(segments: tuple[Segment, ...], n: int) -> tuple[Segment, ...] | None:
     """``segments`` cut to their first ``n`` items, as whole segments only (None when a segment
     would be cut: such a prefix is not remembered, only shown)."""
@@ -288,7 +310,8 @@ class ContentCalls:
         self._max_nodes = max_nodes
         #: ``incomplete``: calls whose whole prompt could not be referenced (base or delta not
         #: found); ``objects_*``: the ``/obj/create`` requests (``publish_pending``)
-        self.stats = {"calls_rewritten": 0, "incomplete": 0, "objects_sent": 0,
+        self.stats = {"calls_rewritten": 0, "incomplete": 0, "refs_resolved": 0,
+                      "refs_unresolved": 0, "objects_sent": 0,
                       "objects_rejected": 0, "object_requests": 0, "object_retries": 0,
                       "object_rounds_failed": 0}
 
@@ -438,6 +461,49 @@ class ContentCalls:
             inputs[field] = view
         self._response(node_id, entry, output, attrs, kind)
         return True
+
+    def resolve(self, value: Any) -> Any:
+        """A payload with otel_verl's references into the content store (``$content``) put back:
+        as the list itself while small, else as segments of objects::
+
+            {"content_id": ID, "start": s, "length": N, "segments": [...]}
+
+        (the items ``s`` to ``s + n`` of the node, then the reference's ``delta`` if any). A
+        reference whose node is unknown here and not in the store stays as it is (counted,
+        ``refs_unresolved``)."""
+        if isinstance(value, list):
+            return [self.resolve(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        ref = value.get(c.CONTENT_REF_KEY)
+        if not (isinstance(ref, str) and isinstance(value.get("len"), int)):
+            return {k: self.resolve(v) for k, v in value.items()}
+        entry = self._entry(ref)
+        raw_start, raw_delta = value.get("start"), value.get("delta")
+        start: int = raw_start if isinstance(raw_start, int) else 0
+        n = int(value["len"])
+        delta: list[Any] = raw_delta if isinstance(raw_delta, list) else []
+        total = len(entry) if isinstance(entry, list) else sum(k for _, k in entry or ())
+        if entry is None or start < 0 or n < 0 or start + n > total:
+            self.stats["refs_unresolved"] += 1
+            return value
+        self.stats["refs_resolved"] += 1
+        if isinstance(entry, list) and self._small(entry[start:start + n] + delta):
+            return entry[start:start + n] + delta
+        kind = "messages" if ref.startswith("msg:") else "tokens"
+        segments = self._as_segments(ref, kind, entry)
+        if segments is None:
+            self.stats["refs_unresolved"] += 1
+            return value
+        shown = _slice(segments, start, n)
+        if delta:
+            own = delta if self._small(delta) else self._object(
+                f"{ref}+{n}_{weave_digest(delta)[:16]}", kind, delta)
+            if own is None:
+                self.stats["refs_unresolved"] += 1
+                return value
+            shown.append(own)
+        return {"content_id": ref, "start": start, "length": n + len(delta), "segments": shown}
 
     def _response(self, node_id: str, prompt: list[Any] | tuple[Segment, ...], output: Any,
                   attrs: Mapping[str, Any], kind: str) -> None:

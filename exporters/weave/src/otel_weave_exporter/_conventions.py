@@ -38,6 +38,11 @@ CONTENT_BASE_LEN: Final = "otel_verl.content.base_len"
 CONTENT_BASE_SPAN_ID: Final = "otel_verl.content.base_span_id"
 CONTENT_OUTPUT_ID: Final = "otel_verl.content.output_id"
 CONTENT_OUTPUT_LEN: Final = "otel_verl.content.output_len"
+#: how many references into the content store a span's payloads hold: ``{"$content": ID, "len":
+#: n, "delta": [...]}`` (the first n items of ID, then delta) or ``{"$content": ID, "start": s,
+#: "len": n}`` (items s to s + n of ID)
+CONTENT_REFS: Final = "otel_verl.content.refs"
+CONTENT_REF_KEY: Final = "$content"
 #: the content store's folder (``<trace_dir>/content``), read for deltas beyond a span's cap
 ENV_CONTENT_DIR: Final = "OTEL_EXPORTER_WEAVE_CONTENT_DIR"
 

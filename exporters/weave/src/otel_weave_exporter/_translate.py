@@ -344,6 +344,14 @@ class Translator:
             inputs = {} if inputs is None else {"input": inputs}
         if self.content is not None and c.CONTENT_FIELD in attrs:
             inputs = self._content_inputs(inputs, output, attrs)
+        if self.content is not None:
+            # references into the content store (counted on the span; a trajectory span's copy
+            # of its agent loop's payloads holds them too)
+            refs = bool(attrs.get(c.CONTENT_REFS))
+            if refs or _has_refs(inputs):
+                inputs = self.content.resolve(_materialised(inputs))
+            if refs or _has_refs(output):
+                output = self.content.resolve(_materialised(output))
         if output is None and c.GEN_AI_OUTPUT_MESSAGES in attrs:
             output = {"messages": _parse_payload(rest.pop(c.GEN_AI_OUTPUT_MESSAGES))}
 
@@ -418,6 +426,10 @@ class Translator:
             "wb_run_id": self._wb_run_id,
             "wb_run_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
         }
+
+
+def _has_refs(value: Any) -> bool:
+    return isinstance(value, RawJSON) and '"$content"' in value.text
 
 
 def _materialised(value: Any) -> Any:
