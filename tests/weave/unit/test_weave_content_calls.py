@@ -177,3 +177,43 @@ def test_node_reader_reads_whole_lines_as_the_store_grows(tmp_path):
     assert reader.node("tok:blake2b-128:aa") is None and flushed == [1]
     path.write_text(line + "\n" + "not json\n")
     assert reader.node("tok:blake2b-128:aa")["delta"] == [1, 2]
+
+
+@settings(max_examples=80, deadline=None)
+@given(prompt=st.lists(st.integers(0, 9), min_size=1, max_size=400),
+       answers=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=60), min_size=1,
+                        max_size=4),
+       extra=st.lists(st.integers(0, 9), max_size=30), inline_max=st.sampled_from([16, 4096]))
+def test_payload_references_resolve_to_the_lists_they_stand_for(prompt, answers, extra,
+                                                               inline_max):
+    """The agent loop's returned prompt_ids/response_ids as otel_verl codes them (references
+    into the trajectory's chain: a prefix plus a delta, or a slice) come back exactly."""
+    store = Store()
+    objects = ContentObjects("ent", "proj")
+    calls = ContentCalls(objects, store, inline_max_bytes=inline_max,  # type: ignore[arg-type]
+                         max_nodes=2)
+    chain = _content.DeltaChain(_content.KIND_TOKENS)
+    ids = list(prompt)
+    for index, answer in enumerate(answers):
+        step = chain.begin(ids)
+        store.put(step)
+        node = chain.finish(step.id, step.length, answer, f"{index:016x}")
+        if node is not None:
+            store.put(node)
+        ids = ids + answer
+    values: dict[str, Any] = {}
+    for whole in (ids + extra, ids[len(prompt):]):
+        ref = chain.reference(whole)
+        if ref is None:
+            continue
+        shown = calls.resolve({"response_ids": ref, "n": 1})
+        values.update(_sent(objects))
+        field = shown["response_ids"]
+        assert shown["n"] == 1
+        assert _rebuild(field, values) == whole, (ref, field)
+        if isinstance(field, dict):
+            assert field["length"] == len(whole)
+    store.lost.update(store.nodes)
+    calls._nodes.clear()
+    ref = chain.reference(ids)
+    assert ref is None or calls.resolve(ref) == ref  # unknown: kept as it is, counted
