@@ -91,7 +91,6 @@ __all__ = [
     "TrajectoryView",
     "reward_outliers",
     "span_bytes",
-    "with_attributes",
 ]
 
 _log = logging.getLogger(__name__)
@@ -132,11 +131,6 @@ def span_bytes(span: ReadableSpan) -> int:
         size += _ATTRIBUTE_OVERHEAD * len(event_attributes) + sum(
             len(v) for v in event_attributes.values() if type(v) is str)
     return size
-
-
-def with_attributes(span: ReadableSpan, extra: Mapping[str, Any]) -> ReadableSpan:
-    """A copy of a finished span with more attributes (a finished span cannot be changed)."""
-    return copy_span(span, attributes={**(span.attributes or {}), **extra})
 
 
 class _Undecided:
@@ -292,6 +286,89 @@ def _ask(policy: TailPolicy, view: TrajectoryView, group: GroupView | None,
     return None
 
 
+class _Buffer:
+    """The spans of undecided trajectories, bounded in estimated bytes, and what a decision does
+    with a trajectory: export it (reason, weight; within the budget), drop it, or, when the buffer
+    is full, export the oldest early."""
+
+    def __init__(self, ledger: _Ledger, max_bytes: int, budget: int | None) -> None:
+        self.undecided: dict[int, _Undecided] = {}  # trajectory span id -> it, oldest first
+        self.bytes = 0
+        self._ledger = ledger
+        self._max_bytes = max_bytes
+        self._budget = budget
+
+    def abandon_open(self) -> None:
+        """Shutdown: the trajectories still running are given up (their spans dropped, counted)."""
+        for trajectory in list(self.undecided.values()):
+            self._ledger.counts["abandoned_open"] += 1
+            self.undecided.pop(trajectory.span_id, None)
+            self.bytes -= trajectory.bytes
+            trajectory.spans, trajectory.bytes, trajectory.verdict = [], 0, False
+
+    def add(self, size: int, out: list[ReadableSpan]) -> None:
+        self.bytes += size
+        counts = self._ledger.counts
+        counts["peak_buffer_bytes"] = max(counts["peak_buffer_bytes"], self.bytes)
+        while self.bytes > self._max_bytes and self.undecided:
+            self.spill(next(iter(self.undecided.values())), out)
+
+    def spill(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
+        """The buffer is full: export the oldest undecided trajectory now rather than drop it."""
+        self._ledger.counts["spilled"] += 1
+        del self.undecided[trajectory.span_id]
+        out.extend(trajectory.spans)
+        self.bytes -= trajectory.bytes
+        trajectory.spans, trajectory.bytes = [], 0
+        trajectory.spilled = True
+        if trajectory.root is not None:  # ended, waiting for its group: decided now
+            if trajectory.head_weight is not None:
+                self.export(trajectory, SamplingReason.HEAD, trajectory.head_weight, out)
+            else:
+                self.export(trajectory, SamplingReason.OVERFLOW, 0.0, out)
+
+    def keep(self, trajectory: _Undecided, decision: KeepDecision,
+             out: list[ReadableSpan]) -> None:
+        if trajectory.head_weight is not None:  # kept by a rule: it would be kept anyway, so
+            self.export(trajectory, decision.reason, decision.weight, out)  # the rule's weight
+            return
+        step = self._ledger.step(trajectory.step)
+        if self._budget is not None and step.tail_kept >= self._budget:
+            self._ledger.count(step, "over_budget", ran=False)
+            self.drop(trajectory, out)
+            return
+        step.tail_kept += 1
+        self.export(trajectory, decision.reason, decision.weight, out)
+
+    def export(self, trajectory: _Undecided, reason: str, weight: float,
+               out: list[ReadableSpan]) -> None:
+        trajectory.verdict, trajectory.reason = True, reason
+        self.undecided.pop(trajectory.span_id, None)
+        out.extend(trajectory.spans)
+        if trajectory.root is not None:
+            root = trajectory.root  # a finished span cannot change: a copy with the decision
+            out.append(copy_span(root, attributes={
+                **(root.attributes or {}), semconv.ROLLOUT_SAMPLING_REASON: reason,
+                semconv.ROLLOUT_SAMPLING_WEIGHT: weight}))
+        self.bytes -= trajectory.bytes
+        trajectory.spans, trajectory.bytes = [], 0
+        self._ledger.count(self._ledger.step(trajectory.step), "kept." + reason)
+
+    def drop(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
+        if trajectory.head_weight is not None:  # no tail rule matches: the head rule's weight
+            self.export(trajectory, SamplingReason.HEAD, trajectory.head_weight, out)
+            return
+        if trajectory.spilled:  # its spans are out already: send its trajectory span too
+            self.export(trajectory, SamplingReason.OVERFLOW, 0.0, out)
+            return
+        trajectory.verdict = False
+        self.undecided.pop(trajectory.span_id, None)
+        self.bytes -= trajectory.bytes
+        trajectory.spans, trajectory.bytes = [], 0
+        trajectory.root = trajectory.view = None
+        self._ledger.count(self._ledger.step(trajectory.step), "dropped")
+
+
 class TailSamplingProcessor(SpanProcessor):
     """Holds spans of provisional trajectories until their tail decision; passes the rest on.
 
@@ -347,11 +424,10 @@ class TailSamplingProcessor(SpanProcessor):
 
     def _reset_state(self) -> None:
         self._owner: dict[int, _Undecided] = {}  # span id -> its provisional trajectory
-        self._undecided: dict[int, _Undecided] = {}  # trajectory span id -> it, oldest first
         self._waiting: dict[GroupKey, _Group] = {}  # groups not decided yet, oldest first
         self._closed: collections.OrderedDict[GroupKey, bool] = collections.OrderedDict()
         self._ledger = _Ledger(self._resource, self._scope)
-        self._bytes = 0
+        self._buffer = _Buffer(self._ledger, self._max_bytes, self._budget)
         self._stopped = False
 
     # -- the rollout's side ----------------------------------------------------------------------
@@ -413,7 +489,7 @@ class TailSamplingProcessor(SpanProcessor):
                 None if provisional else float(weight) if isinstance(weight, (int, float)) else 1.0)
             self._owner[span_id] = trajectory
             if provisional:
-                self._undecided[span_id] = trajectory
+                self._buffer.undecided[span_id] = trajectory
         out: list[ReadableSpan] = []
         if step_key != self._ledger.current:  # a step change: steps with nothing running are over
             self._ledger.current = step_key
@@ -458,28 +534,7 @@ class TailSamplingProcessor(SpanProcessor):
         size = span_bytes(span)
         owner.spans.append(span)
         owner.bytes += size
-        self._add_bytes(size, out)
-
-    def _add_bytes(self, size: int, out: list[ReadableSpan]) -> None:
-        self._bytes += size
-        counts = self._ledger.counts
-        counts["peak_buffer_bytes"] = max(counts["peak_buffer_bytes"], self._bytes)
-        while self._bytes > self._max_bytes and self._undecided:
-            self._spill(next(iter(self._undecided.values())), out)
-
-    def _spill(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
-        """The buffer is full: export the oldest undecided trajectory now rather than drop it."""
-        self._ledger.counts["spilled"] += 1
-        del self._undecided[trajectory.span_id]
-        out.extend(trajectory.spans)
-        self._bytes -= trajectory.bytes
-        trajectory.spans, trajectory.bytes = [], 0
-        trajectory.spilled = True
-        if trajectory.root is not None:  # ended, waiting for its group: decided now
-            if trajectory.head_weight is not None:
-                self._export(trajectory, SamplingReason.HEAD, trajectory.head_weight, out)
-            else:
-                self._export(trajectory, SamplingReason.OVERFLOW, 0.0, out)
+        self._buffer.add(size, out)
 
     def _root_ended(self, trajectory: _Undecided, span: ReadableSpan,
                     out: list[ReadableSpan]) -> None:
@@ -495,16 +550,16 @@ class TailSamplingProcessor(SpanProcessor):
         step = self._ledger.step(trajectory.step)
         decision = _first(self._alone, trajectory.view, None, self._ledger.counts)
         if decision is not None and trajectory.verdict is None:
-            self._keep(trajectory, decision, out)
+            self._buffer.keep(trajectory, decision, out)
         elif not trajectory.spilled and self._grouped:  # it waits for its group: in the buffer
             size = span_bytes(span)
             trajectory.bytes += size
-            self._undecided[trajectory.span_id] = trajectory
-            self._add_bytes(size, out)
+            self._buffer.undecided[trajectory.span_id] = trajectory
+            self._buffer.add(size, out)
         if self._grouped:  # kept ones too: their group's rewards and the groups rule need them
             self._join_group(trajectory, out)
         elif trajectory.verdict is None:
-            self._drop(trajectory, out)
+            self._buffer.drop(trajectory, out)
         self._trajectory_ended(trajectory.step, step, out)
 
     def _join_group(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
@@ -515,9 +570,9 @@ class TailSamplingProcessor(SpanProcessor):
                 late = GroupView(key, (), (), late=True, kept_by_rule=closed)
                 decision = _first(self._with_group, _view(trajectory), late, self._ledger.counts)
                 if decision is not None:
-                    self._keep(trajectory, decision, out)
+                    self._buffer.keep(trajectory, decision, out)
                 else:
-                    self._drop(trajectory, out)
+                    self._buffer.drop(trajectory, out)
             return
         group = self._waiting.get(key)
         if group is None:
@@ -536,53 +591,13 @@ class TailSamplingProcessor(SpanProcessor):
                 if member.verdict is None:
                     decision = _ask(policy, view, group, self._ledger.counts)
                     if decision is not None:
-                        self._keep(member, decision, out)
+                        self._buffer.keep(member, decision, out)
         for member in members:
             if member.verdict is None:
-                self._drop(member, out)
+                self._buffer.drop(member, out)
         self._closed[key] = group_view(key, views, [m.kept_reason() for m in members]).kept_by_rule
         if len(self._closed) > _MAX_CLOSED_GROUPS:
             self._closed.popitem(last=False)
-
-    def _keep(self, trajectory: _Undecided, decision: KeepDecision,
-              out: list[ReadableSpan]) -> None:
-        if trajectory.head_weight is not None:  # kept by a rule: it would be kept anyway, so
-            self._export(trajectory, decision.reason, decision.weight, out)  # the rule's weight
-            return
-        step = self._ledger.step(trajectory.step)
-        if self._budget is not None and step.tail_kept >= self._budget:
-            self._ledger.count(step, "over_budget", ran=False)
-            self._drop(trajectory, out)
-            return
-        step.tail_kept += 1
-        self._export(trajectory, decision.reason, decision.weight, out)
-
-    def _export(self, trajectory: _Undecided, reason: str, weight: float,
-                out: list[ReadableSpan]) -> None:
-        trajectory.verdict, trajectory.reason = True, reason
-        self._undecided.pop(trajectory.span_id, None)
-        out.extend(trajectory.spans)
-        if trajectory.root is not None:
-            out.append(with_attributes(trajectory.root, {
-                semconv.ROLLOUT_SAMPLING_REASON: reason,
-                semconv.ROLLOUT_SAMPLING_WEIGHT: weight}))
-        self._bytes -= trajectory.bytes
-        trajectory.spans, trajectory.bytes = [], 0
-        self._ledger.count(self._ledger.step(trajectory.step), "kept." + reason)
-
-    def _drop(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
-        if trajectory.head_weight is not None:  # no tail rule matches: the head rule's weight
-            self._export(trajectory, SamplingReason.HEAD, trajectory.head_weight, out)
-            return
-        if trajectory.spilled:  # its spans are out already: send its trajectory span too
-            self._export(trajectory, SamplingReason.OVERFLOW, 0.0, out)
-            return
-        trajectory.verdict = False
-        self._undecided.pop(trajectory.span_id, None)
-        self._bytes -= trajectory.bytes
-        trajectory.spans, trajectory.bytes = [], 0
-        trajectory.root = trajectory.view = None
-        self._ledger.count(self._ledger.step(trajectory.step), "dropped")
 
     def _expire(self, out: list[ReadableSpan]) -> None:
         if not self._waiting:
@@ -601,11 +616,7 @@ class TailSamplingProcessor(SpanProcessor):
         for group_key in list(self._waiting):
             self._decide_group(group_key, out)
         if abandon_open:
-            for trajectory in list(self._undecided.values()):
-                self._ledger.counts["abandoned_open"] += 1
-                self._undecided.pop(trajectory.span_id, None)
-                self._bytes -= trajectory.bytes
-                trajectory.spans, trajectory.bytes, trajectory.verdict = [], 0, False
+            self._buffer.abandon_open()
         for key in list(self._ledger.steps):
             self._ledger.report(key, out)
 
@@ -649,8 +660,8 @@ class TailSamplingProcessor(SpanProcessor):
             counts.update(inner())
         with self._lock:
             counts.update({f"tail_{k}": v for k, v in self._ledger.counts.items()})
-            counts["tail_buffered_bytes"] = self._bytes
-            counts["tail_undecided"] = len(self._undecided)
+            counts["tail_buffered_bytes"] = self._buffer.bytes
+            counts["tail_undecided"] = len(self._buffer.undecided)
         return counts
 
     def _after_fork_in_child(self) -> None:

@@ -76,7 +76,7 @@ class KeepDecision:
                              f"{self.weight!r}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class TrajectoryView:
     """What a policy sees of one finished trajectory."""
 
@@ -94,7 +94,7 @@ class TrajectoryView:
     head_weight: float | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class GroupView:
     """What a policy sees of a trajectory's GRPO group when the group is decided."""
 
@@ -195,13 +195,17 @@ def keep_truncated(trajectory: TrajectoryView, group: GroupView | None) -> KeepD
 def reward_outlier_policy(z: float) -> PolicyFunction:
     """``reward_outliers``: its reward is unlike its group's (see ``reward_outliers``)."""
 
+    last: list[Any] = [None, ()]  # the group last looked at, its outliers: once per group
+
     def keep_reward_outliers(trajectory: TrajectoryView,
                              group: GroupView | None) -> KeepDecision | None:
         if group is None or trajectory.reward is None:
             return None
-        scored = [m for m in group.members if m.reward is not None]
-        positions = reward_outliers([m.reward for m in scored], z)  # type: ignore[misc]
-        return _KEEP_OUTLIER if any(scored[i] is trajectory for i in positions) else None
+        if last[0] is not group:
+            scored = [m for m in group.members if m.reward is not None]
+            positions = reward_outliers([m.reward for m in scored], z)  # type: ignore[misc]
+            last[:] = [group, tuple(scored[i] for i in positions)]
+        return _KEEP_OUTLIER if any(m is trajectory for m in last[1]) else None
 
     return keep_reward_outliers
 
