@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 export_all(spans, otlp)
                 t_otlp = per_span_us(lambda ss, otlp=otlp: export_all(ss, otlp), many, args.rounds)
                 otlp.shutdown()
+
             def cell(t):
                 return f"{t[1]:6.2f} ({t[0]:6.2f})"
 

@@ -479,7 +479,6 @@ class TraceConfig:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One configuration option, as its ``TraceConfig`` field declares it (see ``_option``)."""

@@ -301,7 +301,6 @@ class DeltaChain:
         self._full_hasher = hasher
         return node
 
-
     def reference(self, value: list[Any]) -> dict[str, Any] | None:
         """``value`` as a reference into this chain's content, when it is a prefix of it plus
         an appended rest (``{"$content": id, "len": n, "delta": rest}``) or a run between two

@@ -84,6 +84,8 @@ _OUTCOME: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
 def current_outcome() -> Outcome | None:
     """The current recorded trajectory's ``Outcome`` (for its top-level ops)."""
     return _OUTCOME.get()
+
+
 #: ``metadata`` keys: verl's names for the trajectory attributes
 _VERL_NAMES = {key: key.split(".", 1)[1] for key in semconv.TRAJECTORY_KEYS}
 

@@ -11,6 +11,7 @@ from typing import Any
 
 # --- a synthetic GRPO store: weights, rewards, errors, partial trajectories, reports ---------
 
+
 def _kv(key: str, value: Any) -> dict[str, Any]:
     if isinstance(value, bool):
         return {"key": key, "value": {"boolValue": value}}

@@ -40,6 +40,7 @@ from otel_verl._otlp_json import otlp_json_to_request, request_to_otlp_json, spa
 
 __all__ = ["OTLPReceiver", "joined_spans_only", "request_to_otlp_json"]
 
+
 def _plain_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
     """The request's spans as the local store's span dicts (the one codec)."""
     return spans_of_request(request)

@@ -94,7 +94,6 @@ LOSS_KEYS = ("dropped_queue_full", "dropped_after_shutdown", "dropped_transform_
              "quarantined")
 
 
-
 def install_sigterm_handoff() -> None:
     """On SIGTERM (Python's default: die without running atexit), hand every live
     :class:`BoundedBatchProcessor`'s queue to its exporter (with the durable log: a disk write)

@@ -79,7 +79,6 @@ def resolve_trace_dir(directory: str | os.PathLike[str] | None = None) -> str:
     return os.path.abspath(os.fspath(directory))
 
 
-
 # --- the exporter -------------------------------------------------------------------------------
 
 def _forget_parent_file(exporter: FileSpanExporter) -> None:

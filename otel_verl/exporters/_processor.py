@@ -337,8 +337,6 @@ class BoundedBatchProcessor(SpanProcessor):
         self._start_worker()
 
 
-
-
 def _hand_to_log(processor: BoundedBatchProcessor) -> int:
     """Shutdown ran out of time with spans still queued (or in the worker's batch): where the
     exporter is the durable log, hand them to it as they are (encode and append, no redaction:

@@ -60,7 +60,6 @@ _logger = logging.getLogger(__name__)
 FILE_SUFFIXES = (".jsonl", ".json")
 
 
-
 @dataclass
 class ReadStats:
     """What a :func:`read_spans` pass saw; pass one in to have it filled."""

@@ -163,7 +163,6 @@ FROM t
 """
 
 
-
 def trajectories_sql(source: str = "spans") -> str:
     """:data:`TRAJECTORIES_SQL` over another relation of span rows."""
     return TRAJECTORIES_SQL.replace("__SOURCE__", source)

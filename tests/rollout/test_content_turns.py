@@ -196,7 +196,6 @@ def test_content_dedup_off_records_whole_prompts_as_before(tmp_path):
     assert last == engine.requests[-1]["body"]["prompt"]
 
 
-
 def test_token2text_decodes_only_what_each_turn_added(tmp_path):
     RolloutTraceConfig.init("proj", "exp", "file", trace_dir=str(tmp_path), token2text=True)
     tokenizer = CharTokenizer()

@@ -366,7 +366,6 @@ async def test_real_api_to_file_backend_to_cli(tmp_path, capsys):
     assert "!! RuntimeError: tool server down" in out
 
 
-
 # --- compare ------------------------------------------------------------------------------------
 
 

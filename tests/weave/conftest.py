@@ -45,7 +45,6 @@ def recorder():
         yield rec
 
 
-
 @pytest.fixture
 def weave_server(tmp_path):
     """Weave's own SqliteTraceServer (weave 0.52.42) behind the HTTP shim on 127.0.0.1."""

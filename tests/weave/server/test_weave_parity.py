@@ -114,6 +114,7 @@ def test_verl_weave_backend_and_otel_exporter_produce_the_same_calls(weave_serve
     assert all(c.thread_id for c in otel_calls)
     assert {c.op_name for c in otel_calls if c.turn_id} == {"AsyncLLMServerManager.generate"}
     # the server derives the same status for both
+
     def status(calls):
         return sorted(c.summary["weave"]["status"] for c in calls)
 

@@ -37,4 +37,6 @@ def __getattr__(name: str) -> Any:
 
         return WeaveOtlpSpanExporter
     raise AttributeError(name)
+
+
 __version__ = "0.1.0"
