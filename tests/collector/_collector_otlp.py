@@ -6,15 +6,13 @@ Both listen on 127.0.0.1 only, on free ports, and stop when the test ends.
 from __future__ import annotations
 
 import contextlib
-import gzip
-import http.server
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -25,6 +23,9 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from otel_verl import _otlp_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared stub servers
+from _servers import LocalServer, QuietHandler  # noqa: E402
 
 
 def free_port() -> int:
@@ -130,15 +131,12 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def _http_handler(sink: OtlpReceiver) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
+def _http_handler(sink: OtlpReceiver) -> type[QuietHandler]:
+    class Handler(QuietHandler):
+        protocol_version = "HTTP/1.0"  # one request per connection, as before the shared stub
+
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            enc = (self.headers.get("Content-Encoding") or "").lower()
-            if enc == "gzip":
-                body = gzip.decompress(body)
-            elif enc == "deflate":
-                body = zlib.decompress(body)
+            body = self.read_body(decompress=True)
             if self.path.rstrip("/") != "/v1/traces":
                 self.send_error(404)
                 return
@@ -148,15 +146,8 @@ def _http_handler(sink: OtlpReceiver) -> type[http.server.BaseHTTPRequestHandler
             req = trace_service_pb2.ExportTraceServiceRequest()
             req.ParseFromString(body)
             sink.add("http", req)
-            payload = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args: Any) -> None:
-            pass
+            self.reply(200, trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
+                       "application/x-protobuf")
 
     return Handler
 
@@ -169,15 +160,12 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(sink), server)
     sink.grpc_port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _http_handler(sink))
-    sink.http_port = int(httpd.server_address[1])
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    httpd = LocalServer(_http_handler(sink)).start()
+    sink.http_port = httpd.port
     try:
         yield sink
     finally:
-        httpd.shutdown()
-        httpd.server_close()
+        httpd.close()
         server.stop(grace=None)
 
 
