@@ -97,3 +97,26 @@ def test_verl_turns_rebuild_from_weave(tiny_model, tmp_path, monkeypatch):
         for c in calls:
             assert shim.prompt(c.inputs["prompt_ids"]) == received[c.id], c.id
         assert all(r["status"] == 200 for r in shim.requests)
+
+
+def test_the_content_store_is_written_out_after_each_chunk_of_rollouts(tiny_model, tmp_path):
+    """verl's Ray actors end without exit hooks: the nodes must reach the file while the worker
+    lives, without anyone calling flush (here: nobody does; the file is polled)."""
+    import time
+
+    import otel_verl
+    from otel_verl._content import token_content_id
+
+    trace_dir = tmp_path / "traces"
+    otel_verl.RolloutTraceConfig.init("verl_it", "exp_it", backend="file",
+                                      trace_dir=str(trace_dir))
+    config = h.compose_config(h.base_overrides(tiny_model, h.write_tool_config(tmp_path),
+                                               {"backend": "file"}))
+    worker, server, _ = h.make_worker(config)
+    received = _noting_spans(server)
+    asyncio.run(worker.generate_sequences(h.make_batch([0, 1], step=7, n=2)))
+    wanted = {token_content_id(p) for p in received.values()}
+    deadline = time.monotonic() + 20
+    while not wanted <= ContentIndex.load(trace_dir).nodes.keys():
+        assert time.monotonic() < deadline, wanted - ContentIndex.load(trace_dir).nodes.keys()
+        time.sleep(0.2)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
@@ -196,10 +197,33 @@ def _selected(indices_of: Callable[[Any], list[Any]], batch: Any) -> Iterator[No
 def _sampling_generate_sequences(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def generate_sequences(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        with _selected(_batch_indices, batch):
-            return await original(self, batch, *args, **kwargs)
+        try:
+            with _selected(_batch_indices, batch):
+                return await original(self, batch, *args, **kwargs)
+        finally:
+            flush_content_soon()
 
     return generate_sequences
+
+
+def flush_content_soon() -> None:
+    """Write this process's buffered per-turn content nodes out, on a worker thread (never
+    awaited: the event loop does not wait for the disk).
+
+    verl's Ray actors are ended without exit hooks when training stops, so the content store
+    (``<trace_dir>/content/``, written by a background thread through a buffered file) is
+    flushed after each chunk of rollouts (legacy trainer) and each trajectory (v1 trainer), as the
+    spans themselves are exported as they end.
+    """
+    if not S.active():
+        return
+    try:
+        from otel_verl import _content
+
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, functools.partial(_content.flush_all, 2.0))
+    except Exception as exc:  # no running loop, an executor shut down: the next flush will do
+        _errors.internal_error(exc, "content store flush")
 
 
 # --- the v1 trainer's worker (AgentLoopWorkerTQ) ------------------------------------------------
@@ -300,7 +324,10 @@ async def tq_run_agent_loop(original: Callable[..., Any], worker: Any, sampling_
         session = kwargs.get("session_id")
         if isinstance(trajectory, dict) and session is not None:
             trajectory = {**trajectory, "rollout_n": norm(session)}
-    return await original(worker, sampling_params, trajectory, *args, **kwargs)
+    try:
+        return await original(worker, sampling_params, trajectory, *args, **kwargs)
+    finally:
+        flush_content_soon()
 
 
 # --- reward --------------------------------------------------------------------------------------
