@@ -217,3 +217,48 @@ def test_payload_references_resolve_to_the_lists_they_stand_for(prompt, answers,
     calls._nodes.clear()
     ref = chain.reference(ids)
     assert ref is None or calls.resolve(ref) == ref  # unknown: kept as it is, counted
+
+
+def _calls(recorder: Any) -> list[dict[str, Any]]:
+    return [call for r in recorder.requests if r["path"].endswith("/calls/complete")
+            for call in json.loads(r["body"])["batch"]]
+
+
+def _llm_span(tracer: Any, prompt: list[int], node_id: str) -> None:
+    attrs = {c.CONTENT_ID: node_id, c.CONTENT_LEN: len(prompt), c.CONTENT_KIND: "tokens",
+             c.CONTENT_FIELD: "prompt_ids", c.CONTENT_DELTA_LEN: len(prompt),
+             c.CONTENT_INLINE: True, "input.value": json.dumps({"prompt_ids": prompt}),
+             "input.mime_type": "application/json"}
+    with tracer.start_as_current_span("Server.generate", attributes=attrs):
+        pass
+
+
+def test_objects_go_before_their_calls_and_a_failed_one_is_sent_with_the_next_export(
+        recorder, monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_weave_exporter import WeaveSpanExporter
+
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    exporter = WeaveSpanExporter(project="ent/proj", base_url=recorder.url, timeout_s=2,
+                                 backoff_initial_s=0.01)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    recorder.statuses = [401]  # the first object request is refused (not as invalid)
+    _llm_span(tracer, list(range(2000)), "tok:blake2b-128:aa")
+    paths = [r["path"] for r in recorder.requests]
+    assert paths == ["/obj/create", "/v2/ent/proj/calls/complete"]  # the call still goes
+    (call,) = _calls(recorder)
+    (ref,) = call["inputs"]["prompt_ids"]["segments"]
+    assert exporter.content_stats()["object_rounds_failed"] == 1
+    _llm_span(tracer, [1, 2, 3], "tok:blake2b-128:bb")  # small: inline, no object of its own
+    paths = [r["path"] for r in recorder.requests]
+    assert paths[2:] == ["/obj/create", "/v2/ent/proj/calls/complete"]  # the queued one first
+    sent = json.loads(recorder.requests[2]["body"])["obj"]
+    assert ref.endswith(f"/object/{sent['object_id']}:{sent['expected_digest']}")
+    assert sent["val"]["items"] == list(range(2000))
+    assert _calls(recorder)[1]["inputs"]["prompt_ids"] == [1, 2, 3]
+    assert exporter.content_stats()["objects_sent"] == 1
+    provider.shutdown()
