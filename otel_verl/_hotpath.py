@@ -49,8 +49,9 @@ SDK_SHAPE_OK = _sdk_shape_ok()
 
 def clean_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """``attrs`` as the SDK would store them (keys non-empty str, values cleaned): plain values
-    pass as they are, anything else goes through the SDK's own cleaner once."""
-    if all(type(k) is str and k and type(v) in _PLAIN for k, v in attrs.items()):
+    and tuples of them pass as they are, anything else goes through the SDK's own cleaner once."""
+    if all(type(k) is str and k and (type(v) in _PLAIN or type(v) is tuple and all(
+            type(x) in _PLAIN for x in v)) for k, v in attrs.items()):
         return dict(attrs)
     return BoundedAttributes(None, attrs).copy()  # type: ignore[return-value]
 

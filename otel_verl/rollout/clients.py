@@ -299,7 +299,7 @@ class AsyncLLMClient:
             attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = otel_verl.payload_json(
                 genai_output_messages(output_text, finish_reason, tool_calls))
         if finish_reason:
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [finish_reason]
+            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (finish_reason,)  # as stored
         if prompt_tokens is not None:
             attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = int(prompt_tokens)
         if completion_tokens is not None:
