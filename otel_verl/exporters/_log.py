@@ -212,6 +212,9 @@ class Batch:
     count: int  # records covered (a damaged one is covered but has no span)
     size: int  # their bytes
     end: Cursor | None  # the read's bound (this process's log: where the writer is)
+    #: with ``read(stored=True)``: the records' OTLP/JSON lines, to send as they are (``spans``
+    #: empty); None where a record is damaged or not yet redacted (then ``spans`` are decoded)
+    bodies: list[bytes] | None = None
 
 
 class _Recent:
@@ -474,12 +477,14 @@ class SpanLog:
         return dropped
 
     # -- reading ----------------------------------------------------------------------------------
-    def read(self, stream: Stream) -> Batch | None:
+    def read(self, stream: Stream, stored: bool = False) -> Batch | None:
         """The next request's worth of ``stream`` from its cursor (``count`` 0: nothing left),
-        or None when it cannot be read now (counted, ``log_read_errors``; tried again later)."""
-        end = None
-        if stream is self.stream:
-            end = self._writer.end()
+        or None when it cannot be read now (counted, ``log_read_errors``; tried again later).
+
+        With ``stored``, the records are read from disk (not from memory) and, when each is
+        intact and redacted, handed over as ``bodies`` undecoded (to send as stored bytes)."""
+        end = self._writer.end() if stream is self.stream else None
+        if stream is self.stream and not stored:
             with self._writer.lock:
                 recent = self._writer.recent.take(stream.cursor, end,
                                                   self.settings.max_span_bytes, stream.limit)
@@ -489,7 +494,8 @@ class SpanLog:
         try:
             lines, after = stream.read(stream.cursor, end, self.settings.max_span_bytes,
                                        stream.limit)
-            spans = self.decode(stream, lines) if lines else []
+            bodies = self._bodies(stream, lines) if stored and lines else None
+            spans = self.decode(stream, lines) if lines and bodies is None else []
         except LogReadError as error:
             stream.read_errors += 1
             self.counts.add(log_read_errors=1)
@@ -505,7 +511,18 @@ class SpanLog:
             _logger.warning("otel_verl: the log %s reads again after %d failed attempt(s)",
                             stream.name, stream.read_errors)
             stream.read_errors = 0
-        return Batch(stream, spans, lines, after, len(lines), sum(map(len, lines)), end)
+        return Batch(stream, spans, lines, after, len(lines), sum(map(len, lines)), end, bodies)
+
+    @staticmethod
+    def _bodies(stream: Stream, lines: list[bytes]) -> list[bytes] | None:
+        """The OTLP/JSON lines of ``lines`` when every record is intact and redacted."""
+        bodies = []
+        for line in lines:
+            body, raw = unseal(line, stream.sealed)
+            if body is None or raw:
+                return None
+            bodies.append(body)
+        return bodies
 
     def stored_lines(self, batch: Batch) -> list[bytes]:
         """The records of ``batch`` as stored (read back where it came from memory)."""

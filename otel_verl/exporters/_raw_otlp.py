@@ -49,7 +49,8 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib is 
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-__all__ = ["ACCEPTED", "REFUSED", "RETRY", "RawOtlpSender", "encode_lines", "raw_sender_for"]
+__all__ = ["ACCEPTED", "REFUSED", "RETRY", "RawOtlpSender", "encode_lines", "encode_lines_counted",
+           "raw_sender_for"]
 
 _log = logging.getLogger("otel_verl")
 
@@ -369,6 +370,11 @@ def encode_lines(lines: Sequence[bytes]) -> bytes:
         ValueError: a line this writer cannot write exactly (the caller decodes it instead),
         or one that is not JSON.
     """
+    return encode_lines_counted(lines)[0]
+
+
+def encode_lines_counted(lines: Sequence[bytes]) -> tuple[bytes, int]:
+    """:func:`encode_lines` and the number of spans the request holds."""
     try:
         return _encode_lines(lines)
     except _Unwritable as error:
@@ -382,7 +388,8 @@ def _joined(chunks: Out) -> bytes:
     return b"".join(chunks)
 
 
-def _encode_lines(lines: Sequence[bytes]) -> bytes:
+def _encode_lines(lines: Sequence[bytes]) -> tuple[bytes, int]:
+    count = 0
     groups: dict[tuple[bytes, str, str], _Group] = {}
     loose: Out = []
     for line in lines:
@@ -394,6 +401,8 @@ def _encode_lines(lines: Sequence[bytes]) -> bytes:
         one = _one_span(resource_spans) if cut > 0 and _SCOPE_KEY in line[:cut] else None
         if one is None:
             _repeated(_sub(_RESOURCE_SPANS))(loose, b"\x0a", resource_spans)
+            count += sum(len(ss.get("spans") or ()) for rs in resource_spans
+                         for ss in rs.get("scopeSpans") or ())
             continue
         rs, ss, span = one
         key = (line[:cut], ss.get("schemaUrl", ""), rs.get("schemaUrl", ""))
@@ -406,6 +415,7 @@ def _encode_lines(lines: Sequence[bytes]) -> bytes:
             _text(rs_tail, b"\x1a", key[2])
             group = groups[key] = _Group(resource, scope, _joined(ss_tail), _joined(rs_tail))
         group.size += _message(group.spans, b"\x12", span, _SPAN)
+        count += 1
     out: Out = []
     for g in groups.values():
         ss_size = len(g.scope) + g.size + len(g.ss_tail)
@@ -415,7 +425,7 @@ def _encode_lines(lines: Sequence[bytes]) -> bytes:
         out.extend(g.spans)
         out.append(g.ss_tail + g.rs_tail)
     out.extend(loose)
-    return b"".join(out)
+    return b"".join(out), count
 
 
 def _one_span(resource_spans: Any) -> tuple[dict[str, Any], dict[str, Any], Any] | None:
@@ -477,6 +487,8 @@ class RawOtlpSender:
 
     def __init__(self, exporter: SpanExporter) -> None:
         self.exporter = exporter
+        #: spans in the last request sent
+        self.last_spans = 0
 
     def send(self, lines: Sequence[bytes]) -> str | None:
         """Send the spans of ``lines`` (ready OTLP/JSON lines) as one request; never raises.
@@ -489,7 +501,7 @@ class RawOtlpSender:
             sent, decode the lines and use the exporter's ``export`` instead.
         """
         try:
-            data = encode_lines(lines)
+            data, self.last_spans = encode_lines_counted(lines)
         except ValueError as error:
             _log.debug("otel_verl: a log line is not sent as stored bytes (%s); decoding", error)
             return None
@@ -551,7 +563,10 @@ class _GrpcSender(RawOtlpSender):
             self._call(data, metadata=exporter._headers or None, timeout=exporter._timeout)
         except grpc.RpcError as error:
             code = error.code() if callable(getattr(error, "code", None)) else None
-            _log.warning("otel_verl: the OTLP receiver did not take the log's request: %s", code)
+            from otel_verl.exporters._otlp_endpoint import redact_url
+
+            _log.warning("otel_verl: the OTLP receiver at %s did not take the log's request "
+                         "(sent as stored bytes): %s", redact_url(str(exporter._endpoint)), code)
             if code == grpc.StatusCode.UNAVAILABLE:
                 reopen = getattr(exporter, "_initialize_channel_and_stub", None)
                 if callable(reopen):

@@ -6,11 +6,18 @@ exporter, in requests, taking turns between this process's stream and the adopte
 - **Flush waiters**: ``flush`` waits until what was written is delivered (or time runs out).
 - **Overflow**: where the log cannot be written (a full disk), spans go to the backend directly
   or, while it does not answer either, wait in memory (``max_overflow_bytes``).
-- **Poison probing** (:class:`PoisonProbe`): a request that fails is halved until one span
-  fails alone; if the backend accepts others meanwhile, that span gets a strike, and after
-  three it is quarantined (the log keeps it in ``quarantine/``).
+- **Typed outcomes** (``_delivery``): an exporter with ``export_detailed`` (the Weave exporter)
+  says which spans its backend refused for good; those are quarantined at once, no probing, and
+  what it calls retryable waits (an outage: nothing is halved).
+- **Stored bytes** (``_raw_otlp``): for the SDK's OTLP exporters the log's records are sent as
+  they are stored (OTLP/JSON to protobuf, no SDK spans between), through the exporter's own
+  client or channel; a refusal of the data (400, INVALID_ARGUMENT) is told from an outage.
+- **Poison probing** (:class:`PoisonProbe`), the fallback for exporters that cannot say: a
+  request that fails is halved until one span fails alone; if the backend accepts others
+  meanwhile, that span gets a strike, and after three it is quarantined (the log keeps it in
+  ``quarantine/``).
 
-Every request goes through :meth:`Backend.deliver` (one at a time, instrumentation suppressed).
+Every request goes through :class:`Backend` (one at a time, instrumentation suppressed).
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from collections.abc import Callable, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from otel_verl.exporters import _delivery, _raw_otlp
 from otel_verl.exporters._log import Batch, Counts, LogSettings, SpanLog
-from otel_verl.exporters._spans import call_export
+from otel_verl.exporters._spans import call_export, suppressed_instrumentation
 from otel_verl.exporters._stream import Cursor, Stream
 
 _logger = logging.getLogger("otel_verl")
@@ -55,9 +63,10 @@ class PoisonProbe:
         self._marks: dict[tuple[str, Cursor], int] = {}
 
     def accepted(self, spans: Sequence[ReadableSpan]) -> None:
-        """The backend accepted a request of ``spans``."""
+        """The backend accepted a request (``spans``: its last span or more, for the canary)."""
         self._accepted += 1
-        self._canary = spans[-1]
+        if spans:
+            self._canary = spans[-1]
 
     def refused_alone(self, batch: Batch, line: bytes) -> bool:
         """The one record of ``batch`` (``line``) failed alone: True when it is quarantined now
@@ -143,6 +152,26 @@ class Backend:
         self.up = True  # what the last request came to
         self._counts = counts
         self._lock = threading.Lock()  # inner.export is called by one thread at a time
+        #: sends stored records as they are (the SDK's OTLP exporters), else None
+        self.raw = _raw_otlp.raw_sender_for(inner)
+        #: the exporter says span by span what its backend did (``export_detailed``)
+        self.detailed = callable(getattr(inner, "export_detailed", None))
+
+    def send_stored(self, bodies: list[bytes]) -> str | None:
+        """One request of stored records (``_raw_otlp`` outcome; None: decode them instead)."""
+        assert self.raw is not None
+        with self._lock, suppressed_instrumentation():
+            outcome = self.raw.send(bodies)
+        if outcome is not None:
+            self.up = outcome == _raw_otlp.ACCEPTED
+        return outcome
+
+    def send_detailed(self, spans: Sequence[ReadableSpan]) -> _delivery.Delivery:
+        """One request whose outcome the exporter tells span by span."""
+        with self._lock, suppressed_instrumentation():
+            delivery = _delivery.deliver(self.inner, spans)
+        self.up = len(delivery.retryable) < len(spans)
+        return delivery
 
     def deliver(self, spans: Sequence[ReadableSpan]) -> bool:
         """One request; True when the backend accepted it."""
@@ -182,6 +211,7 @@ class Sender:
         self._oldest_unsent: float | None = None
         self._flush_waiters: list[threading.Event] = []
         self._urgent = False  # nudge(): send what is pending now, not after export_delay_s
+        self._backlog = False  # the last request was full by bytes and more was written
         self._stopping = False
         self._deadline: float | None = None
         self._last_failure = 0.0
@@ -301,7 +331,8 @@ class Sender:
         stream = self._log.stream
         limit = stream.limit if stream is not None else self._settings.max_batch_spans
         blocked = stream.retry_at - now if stream is not None else 0.0
-        if self.pending >= limit or self._flush_waiters or self._stopping or self._urgent:
+        if self.pending >= limit or self._flush_waiters or self._stopping or self._urgent or \
+                self._backlog:
             return max(0.0, blocked)
         oldest = self._oldest_unsent or now
         return max(oldest + self._settings.export_delay_s - now, blocked)
@@ -365,41 +396,96 @@ class Sender:
         """Send one request from ``stream``: ``_EMPTY`` (nothing left), ``_SENT``, ``_FAILED``
         (the backend did not accept it) or ``_BLOCKED`` (the stream cannot be read now)."""
         own = stream is self._log.stream
-        batch = self._log.read(stream)
+        backend = self.backend
+        batch = self._log.read(stream, stored=backend.raw is not None)
         if batch is None:
             return _BLOCKED
         if not batch.count:
             return _EMPTY
+        if own:
+            self._backlog = False
+        outcome = backend.send_stored(batch.bodies) if batch.bodies is not None else None
+        if batch.bodies is not None and outcome is None:  # a record it cannot write as it is
+            try:
+                batch.spans = self._log.decode(stream, batch.lines)
+            except OSError:
+                return _BLOCKED
         spans = batch.spans
-        ok = True
-        if spans:
-            ok = self.backend.send(spans)
+        delivery = None
+        if outcome is not None:
+            ok = outcome == _raw_otlp.ACCEPTED
+        elif spans and backend.detailed:
+            delivery = backend.send_detailed(spans)
+            ok = delivery.ok
+        else:
+            ok = backend.send(spans) if spans else True
         if ok:
-            if spans:
-                self._probe.accepted(spans)
-                self._counts.add(delivered=len(spans), requests=1, request_bytes=batch.size)
-                if not own:
-                    self._counts.add(recovered=len(spans))
-            self._log.commit(stream, batch.after)
-            if own:
-                with self._cond:
-                    self.pending -= batch.count
-                    self._oldest_unsent = time.monotonic() if self.pending > 0 else None
-            stream.limit = min(self._settings.max_batch_spans, stream.limit * 2)
-            if self._warned["outage"] and spans:
-                self._warned["outage"] = False
-                _logger.warning("otel_verl: the backend accepts spans again; delivering the log")
+            sent = backend.raw.last_spans if outcome is not None and backend.raw else len(spans)
+            if sent:
+                # the canary of poison probing: the request's last span (decoded only here)
+                self._probe.accepted(spans or self._log.decode(stream, batch.lines[-1:], False))
+            return self._settled(batch, sent)
+        typed = delivery is not None and len(spans) == batch.count  # one span per record
+        if typed and self._typed(batch, delivery):
             return _SENT
         self._counts.add(retries=1)
-        lines = self._log.stored_lines(batch)
         if not self._warned["outage"]:
             self._warned["outage"] = True
             _logger.warning("otel_verl: the backend did not accept %d span(s); they wait in %s "
                             "and are retried (replay by hand: `otel-verl traces replay %s`)",
-                            len(spans), self._log.directory, self._log.directory)
+                            batch.count, self._log.directory, self._log.directory)
+        if outcome == _raw_otlp.RETRY or typed:
+            return _FAILED  # an outage (or a failing backend), not a refused span: no halving
+        lines = self._log.stored_lines(batch)
         if len(lines) > 1:
             stream.limit = max(1, len(lines) // 2)  # find a span the backend refuses, if any
         elif lines and self._probe.refused_alone(batch, lines[0]) and own:
             with self._cond:
                 self.pending -= 1
         return _FAILED
+
+    def _settled(self, batch: Batch, delivered: int) -> str:
+        """Every record of ``batch`` is done with (``delivered`` spans accepted): move on."""
+        stream = batch.stream
+        own = stream is self._log.stream
+        if delivered:
+            self._counts.add(delivered=delivered, requests=1, request_bytes=batch.size)
+            if not own:
+                self._counts.add(recovered=delivered)
+        self._log.commit(stream, batch.after)
+        if own:
+            with self._cond:
+                self.pending -= batch.count
+                self._oldest_unsent = time.monotonic() if self.pending > 0 else None
+                # the read stopped short of what was written, below the span count: full by
+                # bytes; what follows is a backlog, not a request still filling up
+                self._backlog = self.pending > 0 and batch.end is not None and \
+                    batch.after < batch.end and batch.count < stream.limit
+        stream.limit = min(self._settings.max_batch_spans, stream.limit * 2)
+        if self._warned["outage"] and delivered:
+            self._warned["outage"] = False
+            _logger.warning("otel_verl: the backend accepts spans again; delivering the log")
+        return _SENT
+
+    def _typed(self, batch: Batch, delivery: _delivery.Delivery | None) -> bool:
+        """What the exporter said of each span (one per record): the refused ones go to
+        quarantine at once, no probing. False: something waits for the next attempt (what the
+        exporter called retryable, or a refused record that could not be kept aside)."""
+        assert delivery is not None
+        stream = batch.stream
+        settled = _delivery.settle(delivery, range(batch.count), batch.count)
+        if settled.retry:
+            if settled.done:  # next time the settled records go alone, and settle
+                stream.limit = settled.done
+            return False
+        lines = self._log.stored_lines(batch)
+        if len(lines) != batch.count:
+            return False  # cannot be read back now: the whole batch is tried again
+        for record, reason in settled.rejected:
+            _logger.warning("otel_verl: the backend refused a span for good (%s)", reason[:300])
+            if not self._log.quarantine(stream, lines[record], stream.cursor):
+                return False  # not kept aside: it stays in the log, tried again
+        if settled.delivered:
+            self._probe.accepted(batch.spans)
+        self._settled(batch, settled.delivered)
+        return True

@@ -118,3 +118,53 @@ def test_the_next_process_delivers_to_weave_what_an_earlier_one_left(weave_serve
     _init(weave_server, tmp_path)  # "the next process": same trace dir, same backend
     assert _wait(lambda: _call_ids(weave_server) >= ids, 30)
     assert RolloutTraceConfig.stats()["recovered"] >= 50
+
+
+def test_a_call_weaves_server_refuses_is_quarantined_at_once_with_no_strikes(
+        weave_server, api_key, tmp_path, monkeypatch):
+    """Weave's own server refuses the one call whose payload is declared JSON and is not
+    (pydantic: 400); the Weave exporter says so (``export_detailed``: rejected), and the durable
+    log moves that span to quarantine/ at once: one export for the whole backlog, no probing
+    (no second export, no canary, no strikes, no backoff), every other span a Weave call."""
+    from otel_weave_exporter import WeaveSpanExporter
+
+    calls = {"export": 0, "export_detailed": 0}
+    for name in calls:
+        real = getattr(WeaveSpanExporter, name)
+
+        def counted(self, spans, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(self, spans)
+
+        monkeypatch.setattr(WeaveSpanExporter, name, counted)
+    port = _stop(weave_server)  # the spans wait in the log: one backlog, one request
+    _init(weave_server, tmp_path)
+    tracer = get_tracer()
+    good = _record(9, step=0)
+    with rollout_trace_attr(step=0, sample_index=1, rollout_n=0, name="traj"):
+        with tracer.start_as_current_span("bad", attributes={
+                "output.value": "{oops", "output.mime_type": "application/json"}):
+            pass
+    good |= _record(9, step=1)
+    RolloutTraceConfig.flush(0.5)
+    assert _wait(lambda: RolloutTraceConfig.stats()["retries"] >= 1, 10)
+    before = len(weave_server.requests)
+    calls.update(export=0, export_detailed=0)
+    retries = RolloutTraceConfig.stats()["retries"]
+    _restart(weave_server, port)
+    assert _wait(lambda: RolloutTraceConfig.stats()["quarantined"] == 1, 15)
+    assert RolloutTraceConfig.flush(10)
+    stats = RolloutTraceConfig.stats()
+    assert _call_ids(weave_server) >= good
+    assert "bad" not in {call.op_name for call in weave_server.calls(PROJECT_ID)}
+    assert stats["quarantined"] == 1 and stats["spool_pending"] == 0
+    assert stats["retries"] == retries  # not one failed attempt once the server was back
+    assert calls == {"export": 0, "export_detailed": 1}  # no probe: the one request said it all
+    sent = weave_server.requests[before:]
+    refused = [r for r in sent if r.get("status") == 400]
+    # the Weave exporter's own halving, nothing more: 21 calls (two trajectories of 9 turns,
+    # the bad one): one refused request per level (21, 11, 6, 3, 2, 1) and one accepted half
+    # beside each, 11 requests at most (the strikes would add probes and retries)
+    assert 1 <= len(refused) <= 6 and len(sent) <= 11
+    (quarantine,) = (tmp_path / "spool").rglob("quarantine/*.jsonl")
+    assert b'"bad"' in quarantine.read_bytes()
