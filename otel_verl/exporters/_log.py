@@ -56,7 +56,6 @@ DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024
 REQUEST_OVERHEAD = 1024  # what a request adds around its spans (grouping, framing)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class LogSettings:
     """The durable log's options (see :class:`otel_verl.exporters.DurableSpanExporter`)."""
