@@ -75,7 +75,8 @@ from otel_verl.store._compact import (
 )
 from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
 
-__all__ = ["STEPS_SQL", "TRAJECTORIES_SQL", "TRAJECTORY_ORDER", "Lake", "LakeState"]
+__all__ = ["STEPS_SQL", "TRAJECTORIES_SQL", "TRAJECTORY_ORDER", "Lake", "LakeState", "steps_sql",
+           "trajectories_sql"]
 
 _MAX = 2**63 - 1
 _MAP_COLUMNS = ("ResourceAttributes", "SpanAttributes", "reward_components", "report_counts")
@@ -196,9 +197,15 @@ SELECT experiment, validate, step,
     histogram(coalesce(sampling_reason, 'unknown')) FILTER (WHERE span_id <> '') AS by_reason,
     list(DISTINCT sampling_reason) FILTER (WHERE sampling_reason IS NOT NULL)
         AS sampling_reasons
-FROM trajectories
+FROM __SOURCE__
 GROUP BY experiment, validate, step
 """
+
+
+def steps_sql(source: str = "trajectories") -> str:
+    """:data:`STEPS_SQL` over another relation of trajectory rows."""
+    return STEPS_SQL.replace("__SOURCE__", source)
+
 
 #: columns :meth:`Lake.trajectories` may order by
 TRAJECTORY_ORDER = frozenset({
@@ -249,6 +256,11 @@ def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
                        f"{'table_name' if kind == 'TABLE' else 'view_name'} = ?",
                        [name]).fetchall()[0][0]:
             con.execute(f"DROP {kind} {name}")
+
+
+def steps_path(lake: str, runs: int) -> str:
+    """The segments' ``steps`` rows, beside :func:`cache_path`."""
+    return os.path.join(lake, "trajectories", f"steps-{runs}.parquet")
 
 
 def reports_path(lake: str, runs: int) -> str:
@@ -305,14 +317,19 @@ def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
         con.execute("COPY (SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, experiment, "
                     "validate, step, report_counts FROM segment_spans WHERE is_report) "
                     f"TO {_q(tmp_reports)} (FORMAT parquet)")
+        final_steps = steps_path(lake, manifest.runs)
+        tmp_steps = tmp.replace("cache-", "steps-")
+        con.execute("COPY (" + steps_sql(f"read_parquet({_q(tmp)})") + f") TO {_q(tmp_steps)} "
+                    "(FORMAT parquet)")
     finally:
         con.close()
-    for path in (tmp, tmp_reports):
+    for path in (tmp, tmp_reports, tmp_steps):
         with open(path, "rb+") as handle:
             os.fsync(handle.fileno())
     os.replace(tmp_reports, final_reports)
+    os.replace(tmp_steps, final_steps)
     os.replace(tmp, final)
-    keep = {os.path.basename(final), os.path.basename(final_reports)}
+    keep = {os.path.basename(p) for p in (final, final_reports, final_steps)}
     for name in os.listdir(os.path.dirname(final)):
         if name not in keep:
             with contextlib.suppress(OSError):
@@ -340,6 +357,7 @@ class Lake:
         self._excluded: set[str] = set()
         self._exclusion = ""
         self._steps_ready = False
+        self._trace_parts: dict[str, set[tuple[str, str]]] | None = None
         self.state = LakeState()
 
     @classmethod
@@ -425,32 +443,32 @@ class Lake:
                         "experiment, validate, step, report_counts FROM raw_spans_arrow "
                         "WHERE is_report")
             if (segments and excluded == set(manifest.excluded) and os.path.exists(cache)
-                    and os.path.exists(reports)):
+                    and os.path.exists(reports)
+                    and os.path.exists(steps_path(self.lake_dir, manifest.runs))):
                 # the segments' trajectories as compaction left them; the traces the raw
                 # lines touch are built again from all their spans
-                con.execute("CREATE OR REPLACE TEMP TABLE raw_traces AS "
-                            "SELECT DISTINCT TraceId FROM raw_spans_arrow")
-                con.execute("CREATE OR REPLACE TEMP VIEW touched_spans AS SELECT * FROM spans "
-                            "WHERE TraceId IN (SELECT TraceId FROM raw_traces)")
                 _drop(con, "trajectories")
-                con.execute("CREATE OR REPLACE TABLE touched_trajectories AS "
-                            f"{trajectories_sql('touched_spans')}")
-                con.execute(
-                    "CREATE OR REPLACE VIEW trajectories AS SELECT * FROM "
-                    f"read_parquet({_q(cache)}, hive_partitioning = false) WHERE trace_id NOT IN "
-                    "(SELECT TraceId FROM raw_traces) UNION ALL SELECT * FROM touched_trajectories")
+                cached = f"read_parquet({_q(cache)}, hive_partitioning = false)"
+                cached_steps = (f"read_parquet({_q(steps_path(self.lake_dir, manifest.runs))}, "
+                                "hive_partitioning = false)")
                 con.execute(
                     "CREATE OR REPLACE VIEW reports AS SELECT * FROM "
                     f"read_parquet({_q(reports)}, hive_partitioning = false) "
                     "UNION ALL SELECT * FROM raw_reports")
+                if not raw.num_rows:  # everything compacted: compaction's rows as they are
+                    con.execute(f"CREATE OR REPLACE VIEW trajectories AS SELECT * FROM {cached}")
+                    con.execute(f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {cached_steps}")
+                else:
+                    self._touched(con, cached, cached_steps)
                 state.cached = True
             else:
                 _drop(con, "trajectories")
                 con.execute(f"CREATE OR REPLACE TABLE trajectories AS {trajectories_sql()}")
                 con.execute("CREATE OR REPLACE VIEW reports AS SELECT TraceId, SpanId, experiment, "
                             "validate, step, report_counts FROM spans WHERE is_report")
-            con.execute(f"CREATE OR REPLACE VIEW steps AS {STEPS_SQL}")
+                con.execute(f"CREATE OR REPLACE VIEW steps AS {steps_sql()}")
             self._steps_ready = False
+            self._trace_parts = None
             self._partitions = self._partition_files(segments)
             state.segment_rows = manifest.rows
             state.trajectories = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
@@ -576,6 +594,34 @@ class Lake:
         return {"total": total[0]["n"], "rows": rows}
 
     @staticmethod
+    def _touched(con: duckdb.DuckDBPyConnection, cached: str, cached_steps: str) -> None:
+        """Views over compaction's rows where the raw lines' traces (and their steps, now and
+        as compacted) are aggregated again from all their spans."""
+        con.execute("CREATE OR REPLACE TEMP TABLE raw_traces AS "
+                    "SELECT DISTINCT TraceId FROM raw_spans_arrow")
+        con.execute("CREATE OR REPLACE TEMP VIEW touched_spans AS SELECT * FROM spans "
+                    "WHERE TraceId IN (SELECT TraceId FROM raw_traces)")
+        con.execute("CREATE OR REPLACE TABLE touched_trajectories AS "
+                    f"{trajectories_sql('touched_spans')}")
+        con.execute(
+            f"CREATE OR REPLACE VIEW trajectories AS SELECT * FROM {cached} WHERE "
+            "trace_id NOT IN (SELECT TraceId FROM raw_traces) UNION ALL "
+            "SELECT * FROM touched_trajectories")
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE touched_steps AS "
+            "SELECT DISTINCT experiment, validate, step FROM touched_trajectories UNION "
+            f"SELECT DISTINCT experiment, validate, step FROM {cached} "
+            "WHERE trace_id IN (SELECT TraceId FROM raw_traces)")
+        match = ("t.experiment IS NOT DISTINCT FROM x.experiment AND t.validate IS NOT "
+                 "DISTINCT FROM x.validate AND t.step IS NOT DISTINCT FROM x.step")
+        con.execute(
+            f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {cached_steps} x "
+            f"WHERE NOT EXISTS (SELECT 1 FROM touched_steps t WHERE {match}) UNION ALL "
+            "SELECT * FROM (" + steps_sql(
+                "(SELECT * FROM trajectories x WHERE EXISTS (SELECT 1 FROM touched_steps "
+                f"t WHERE {match}))") + ")")
+
+    @staticmethod
     def _partition_files(segments: list[str]) -> dict[tuple[str, str], list[str]]:
         """Segment files by their partition directory (``experiment=..``, ``step=..``)."""
         out: dict[tuple[str, str], list[str]] = {}
@@ -610,12 +656,22 @@ class Lake:
         ``trajectories``) and of the spans without a step, and the raw rows of the trace."""
         trace_id = trace_id.lower()
         with self._lock:
-            where = self.rows("SELECT DISTINCT experiment, step FROM trajectories "
-                              "WHERE trace_id = ?", [trace_id])
-            wanted = {("experiment=" + (NULL_PART if w["experiment"] is None else
-                                        urllib.parse.quote(str(w["experiment"]), safe="")),
-                       "step=" + (NULL_PART if w["step"] is None else str(w["step"])))
-                      for w in where}
+            if self._trace_parts is None:  # once per refresh: {trace id: its partitions}
+                parts: dict[str, set[tuple[str, str]]] = {}
+                table = self.connection.sql(
+                    "SELECT trace_id, experiment, step FROM trajectories").arrow()
+                if not isinstance(table, pa.Table):  # a RecordBatchReader in newer DuckDB
+                    table = table.read_all()
+                for trace, exp, step in zip(table.column(0).to_pylist(),
+                                            table.column(1).to_pylist(),
+                                            table.column(2).to_pylist(), strict=True):
+                    parts.setdefault(trace, set()).add(
+                        ("experiment=" + (NULL_PART if exp is None else
+                                          urllib.parse.quote(str(exp), safe="")),
+                         "step=" + (NULL_PART if step is None else str(step))))
+                self._trace_parts = parts
+            where = self._trace_parts.get(trace_id)
+            wanted = where or set()
             files = [f for key, paths in self._partitions.items()
                      if key in wanted or key[1] == "step=" + NULL_PART for f in paths]
             if not where:  # not a trajectory we know: look everywhere
