@@ -23,6 +23,7 @@ from otel_verl._capture import payload_json, scrub_text, set_payload
 from otel_verl._config import ConfigError, TraceConfig
 from otel_verl._decorator import rollout_trace_op
 from otel_verl._facade import RolloutTraceConfig
+from otel_verl._policy import set_policy_version
 from otel_verl._propagation import inject_context, traceparent_headers, use_context
 from otel_verl._sampling import TrajectorySampler
 from otel_verl._trajectory import (
@@ -54,6 +55,7 @@ __all__ = [
     "scrub_text",
     "semconv",
     "set_payload",
+    "set_policy_version",
     "set_trajectory_attribute",
     "set_trajectory_input",
     "set_trajectory_output",

@@ -30,7 +30,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, SpanKind
 
-from otel_verl import _errors, semconv
+from otel_verl import _errors, _policy, semconv
 from otel_verl._capture import (
     UNSET,
     as_dict,
@@ -167,6 +167,8 @@ class _OpCall:
             # the trajectory attributes (and the child marker) are added at start, validated
             # once per trajectory, by the provider's TrajectoryAttributesProcessor
             attrs: dict[str, Any] = {semconv.OPENINFERENCE_SPAN_KIND: spec.kind}
+            if spec.kind == semconv.SpanKindName.LLM:
+                _policy.start_attributes(attrs)  # rl.policy.version (O(1))
             outcome = None
             if traj is not None and traj.span is not None and \
                     otel_trace.get_current_span() is traj.span:

@@ -96,6 +96,18 @@ CONTENT_MESSAGES_BASE_LEN: Final = "otel_verl.content.messages_base_len"
 #: (``{"$content": id, "len": n, "delta": [...]}`` or ``{"$content": id, "start": s, "len": n}``)
 CONTENT_REFS: Final = "otel_verl.content.refs"
 
+# --- policy version: which weights sampled each turn (issue 22, docs/parity.md) ---------------
+#: on an LLM call: the version of the weights that served it (verl: the ``global_steps`` of the
+#: last weight sync, read from the server's reply; else ``otel_verl.set_policy_version``)
+RL_POLICY_VERSION: Final = "rl.policy.version"
+#: on the trajectory span: the oldest and newest version among its LLM calls
+RL_POLICY_MIN_VERSION: Final = "rl.policy.min_version"
+RL_POLICY_MAX_VERSION: Final = "rl.policy.max_version"
+#: on the trajectory span: how many weight updates the oldest version lags the weights the step
+#: that trains on it updates: ``rollout.step - 1 - rl.policy.min_version`` (0: on-policy; a
+#: version counts the updates in the weights, step k trains the weights of k - 1 updates)
+RL_POLICY_STALENESS: Final = "rl.policy.staleness"
+
 # --- OpenInference -----------------------------------------------------------------------------
 OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
 INPUT_VALUE: Final = "input.value"

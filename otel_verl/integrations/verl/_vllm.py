@@ -19,6 +19,7 @@ from typing import Any
 
 import otel_verl
 from otel_verl import _errors, semconv
+from otel_verl.integrations.verl import _policy
 from otel_verl.integrations.verl._common import LOCK, MARK, S, current_span, set_attr
 from otel_verl.semconv import GenAIOperation
 
@@ -77,6 +78,7 @@ def generate_after(result: Any) -> None:
     token_ids = getattr(result, "token_ids", None)
     if span is None or token_ids is None:
         return
+    _policy.record_reply(span, result)  # rl.policy.version from verl's reply (global_steps)
     span.set_attribute(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, len(token_ids))
     stop = getattr(result, "stop_reason", None)
     if isinstance(stop, str):
