@@ -123,6 +123,8 @@ async def test_every_turn_rebuilds_from_weave_as_the_engine_received_it(
     from _weave_objects import WeaveObjectsShim
 
     monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    # the tiny model's prompts are small: a small inline size shows them as object segments
+    monkeypatch.setenv("OTEL_EXPORTER_WEAVE_CONTENT_INLINE_BYTES", "64")
     experiment = f"content-{uuid.uuid4().hex[:8]}"
     with WeaveObjectsShim(str(tmp_path / "weave.sqlite"), API_KEY) as shim:
         RolloutTraceConfig.init("engine-tests", experiment, backend="weave", weave_entity="ent",
@@ -139,4 +141,9 @@ async def test_every_turn_rebuilds_from_weave_as_the_engine_received_it(
         assert len(generates) >= 2 * N and {c.id for c in generates} == engine.keys()
         for c in generates:
             assert shim.prompt(c.inputs["prompt_ids"]) == engine[c.id], c.id
+        assert all(isinstance(c.inputs["prompt_ids"], dict) for c in generates)
+        # the group's shared question: one object, referred to by every rollout's turns
+        (first,) = {c.inputs["prompt_ids"]["segments"][0] for c in generates}
+        assert len(shim.calls("ent/engine-tests", input_refs=[first])) >= 2 * N
+        assert shim.object_rows() == len(shim.objects("ent/engine-tests"))
         assert all(r["status"] == 200 for r in shim.requests), shim.requests

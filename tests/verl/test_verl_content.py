@@ -89,6 +89,7 @@ def test_verl_turns_rebuild_from_weave(tiny_model, tmp_path, monkeypatch):
     from _weave_objects import WeaveObjectsShim
 
     monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    monkeypatch.setenv("OTEL_EXPORTER_WEAVE_CONTENT_INLINE_BYTES", "64")  # objects, not inline
     with WeaveObjectsShim(str(tmp_path / "weave.sqlite"), API_KEY) as shim:
         received = _run(tiny_model, tmp_path, backend="weave", weave_entity="ent",
                         weave_base_url=shim.url, trace_dir=str(tmp_path / "traces"))
@@ -96,6 +97,8 @@ def test_verl_turns_rebuild_from_weave(tiny_model, tmp_path, monkeypatch):
         assert {c.id for c in calls} == received.keys()
         for c in calls:
             assert shim.prompt(c.inputs["prompt_ids"]) == received[c.id], c.id
+        assert all(isinstance(c.inputs["prompt_ids"], dict) for c in calls)
+        assert shim.object_rows() == len(shim.objects("ent/verl_it")) > 0
         assert all(r["status"] == 200 for r in shim.requests)
 
 

@@ -48,12 +48,17 @@ def test_every_traced_turn_rebuilds_as_the_engine_received_it(
                            engine_traces_url=engine.traces_url, trace_dir=trace_dir,
                            env={"WANDB_API_KEY": api_key, "OTEL_VERL_WEAVE_BASE_URL": shim.url,
                                 "OTEL_VERL_WEAVE_ENTITY": "ent",
+                                # the tiny model's prompts are small: shown as object segments
+                                "OTEL_EXPORTER_WEAVE_CONTENT_INLINE_BYTES": "64",
                                 "VERL_USE_EXTERNAL_MODULES": "verl_cpu_platform,e2e_engine_prompts",
                                 e2e_engine_prompts.ENV: str(notes)})
         assert run.returncode == 0, f"main_ppo failed ({run.returncode}):\n{run.tail()}"
         calls = [c for c in shim.calls(f"ent/{PROJECT}") if c.op_name == GENERATE]
         assert calls, run.tail()
         from_weave = {c.id: shim.prompt(c.inputs["prompt_ids"]) for c in calls}
+        assert all(isinstance(c.inputs["prompt_ids"], dict) for c in calls)
+        objects = shim.objects(f"ent/{PROJECT}")
+        assert shim.object_rows() == len(objects) > 0  # each stored once
         assert all(r["status"] == 200 for r in shim.requests), \
             [r for r in shim.requests if r["status"] != 200][:3]
 

@@ -542,12 +542,13 @@ def _int(value: Any, default: int = 0) -> int:
 
 
 def content_calls(entity: str, project: str, enabled: bool, content_dir: str | None,
-                  flush: Callable[[], Any] | None) -> ContentCalls | None:
+                  flush: Callable[[], Any] | None, inline_max_bytes: int = 2048
+                  ) -> ContentCalls | None:
     """The exporter's ``ContentCalls`` (None when ``content_objects`` is off)."""
     if not enabled:
         return None
     reader = NodeReader(content_dir, flush) if content_dir else None
-    return ContentCalls(ContentObjects(entity, project), reader)
+    return ContentCalls(ContentObjects(entity, project), reader, inline_max_bytes=inline_max_bytes)
 
 
 def publish_pending(content: ContentCalls | None, sender: Any, timeout_s: float) -> None:

@@ -45,6 +45,8 @@ CONTENT_REFS: Final = "otel_verl.content.refs"
 CONTENT_REF_KEY: Final = "$content"
 #: the content store's folder (``<trace_dir>/content``), read for deltas beyond a span's cap
 ENV_CONTENT_DIR: Final = "OTEL_EXPORTER_WEAVE_CONTENT_DIR"
+#: a prompt (or a turn's own delta) whose JSON is at most this many bytes is shown inline
+ENV_CONTENT_INLINE_BYTES: Final = "OTEL_EXPORTER_WEAVE_CONTENT_INLINE_BYTES"
 
 # --- OpenInference / GenAI ----------------------------------------------------------------------
 INPUT_VALUE: Final = "input.value"

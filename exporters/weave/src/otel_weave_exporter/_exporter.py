@@ -86,6 +86,7 @@ class ExporterConfig:
     #: ``content_dir`` is its content store (deltas beyond a span's cap), ``content_flush`` what
     #: writes out the store's buffered nodes before a miss is looked up again
     content_objects: bool = True
+    content_inline_bytes: int = 2048
     content_dir: str | None = None
     content_flush: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
@@ -225,10 +226,11 @@ def resolve_config(
         "spool_dir": os.environ.get(c.ENV_SPOOL_DIR) or None,
         "wandb_run_id": os.environ.get(c.WANDB_RUN_ID) or None,
         "content_dir": os.environ.get(c.ENV_CONTENT_DIR) or None,
+        "content_inline_bytes": int(_env_float(c.ENV_CONTENT_INLINE_BYTES, 2048)),
     }
     merged = {**defaults, **options}
     for name in ("timeout_s", "request_timeout_s", "shutdown_timeout_s", "max_request_bytes",
-                 "max_call_bytes"):
+                 "max_call_bytes", "content_inline_bytes"):
         if name in merged and not (isinstance(merged[name], (int, float)) and merged[name] > 0):
             raise ValueError(f"{name} must be a positive number, got {merged[name]!r}")
     cfg = ExporterConfig(
@@ -271,7 +273,7 @@ class WeaveSpanExporter(SpanExporter):
             threads=cfg.threads,
             wandb_run_id=cfg.wandb_run_id,
             content=content_calls(cfg.entity, cfg.project, cfg.content_objects, cfg.content_dir,
-                                  cfg.content_flush),
+                                  cfg.content_flush, cfg.content_inline_bytes),
         )
         self._sender = HttpSender(
             cfg.base_url,
