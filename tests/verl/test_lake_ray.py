@@ -1,0 +1,102 @@
+"""Cluster scale: the lake's step statistics and trajectory rows on Ray Data (a real local Ray
+cluster, two worker CPUs) over one store split across three "nodes'" directories equal the
+single-machine DuckDB answers over the whole store (otel_verl/store/_ray.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_verl.store._compact import compact
+from otel_verl.store._query import Lake
+
+pytestmark = pytest.mark.timeout(600)
+
+_spec = importlib.util.spec_from_file_location(
+    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
+assert _spec is not None and _spec.loader is not None
+S = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(S)
+
+#: Ray 2.60 waits a fixed 30 s for its node to register; on a loaded machine that can pass
+SLOW_START = "The current node timed out during startup"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Any:
+    import ray
+
+    for attempt in (1, 2):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     logging_level="ERROR")
+            break
+        except Exception as exc:
+            if SLOW_START not in str(exc) or attempt == 2:
+                raise
+            sys.stderr.write(f"ray.init: {exc}; retrying once\n")
+            ray.shutdown()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal; floats to 1e-12 (each side sums doubles in its own order)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+    return bool(a == b)
+
+
+def test_ray_data_over_three_nodes_equals_one_machine(tmp_path: Path, ray_cluster: Any) -> None:
+    from otel_verl.store import _ray
+
+    whole = tmp_path / "whole"
+    # 4 steps x 3 prompts x 4 rollouts: weights, errors, partial trajectories, duplicated lines,
+    # sampling reports; lines round-robin over 3 files, so a trace's spans (the engine's ones
+    # included) and a duplicated line often sit on different nodes
+    S.write_store(whole, 7, steps=4, prompts=3, n=4, files=3)
+    nodes = []
+    for i, path in enumerate(sorted(whole.glob("*.jsonl"))):
+        node = tmp_path / f"node{i}"
+        node.mkdir()
+        shutil.copy(path, node / path.name)
+        compact(node, live_bytes=0)  # one segment per step partition
+        nodes.append(str(node))
+    with Lake.open(whole) as lake:
+        want_steps = lake.steps()
+        want_rows = {r["key"]: r for r in lake.trajectories(limit=None)["rows"]}
+    assert len(want_steps) == 4 and len(want_rows) >= 40
+
+    started = time.monotonic()
+    span_rows = _ray.spans(nodes).materialize()
+    assert span_rows.num_blocks() >= 3  # one dataset, several blocks, read by several tasks
+    trajectory_rows = _ray.trajectories(nodes, span_rows=span_rows).materialize()
+    got_steps = _ray.step_statistics(nodes, span_rows=span_rows,
+                                     trajectory_rows=trajectory_rows)
+    got_rows = {r["key"]: r for r in trajectory_rows.take_all()}
+    print(f"\nRay Data over {len(nodes)} nodes: {len(got_rows)} trajectories, {len(got_steps)} "
+          f"steps in {time.monotonic() - started:.1f}s")
+
+    assert [(s["experiment"], s["validate"], s["step"]) for s in got_steps] == [
+        (s["experiment"], s["validate"], s["step"]) for s in want_steps]
+    for got, want in zip(got_steps, want_steps, strict=True):
+        assert set(got) == set(want)
+        for key, value in want.items():
+            assert _same(got[key], value), (want["step"], key, got[key], value)
+    assert any(s["ran"] for s in got_steps)  # the workers' sampling reports came through
+    assert set(got_rows) == set(want_rows)
+    for key, want in want_rows.items():
+        for column, value in want.items():
+            assert _same(got_rows[key][column], value), (key, column, got_rows[key][column],
+                                                         value)
+    assert _ray.step_statistics(nodes, "no-such-experiment", span_rows=span_rows,
+                                trajectory_rows=trajectory_rows) == []
