@@ -211,7 +211,6 @@ class Sender:
         self._oldest_unsent: float | None = None
         self._flush_waiters: list[threading.Event] = []
         self._urgent = False  # nudge(): send what is pending now, not after export_delay_s
-        self._backlog = False  # the last request was full by bytes and more was written
         self._stopping = False
         self._deadline: float | None = None
         self._last_failure = 0.0
@@ -331,8 +330,7 @@ class Sender:
         stream = self._log.stream
         limit = stream.limit if stream is not None else self._settings.max_batch_spans
         blocked = stream.retry_at - now if stream is not None else 0.0
-        if self.pending >= limit or self._flush_waiters or self._stopping or self._urgent or \
-                self._backlog:
+        if self.pending >= limit or self._flush_waiters or self._stopping or self._urgent:
             return max(0.0, blocked)
         oldest = self._oldest_unsent or now
         return max(oldest + self._settings.export_delay_s - now, blocked)
@@ -402,8 +400,6 @@ class Sender:
             return _BLOCKED
         if not batch.count:
             return _EMPTY
-        if own:
-            self._backlog = False
         outcome = backend.send_stored(batch.bodies) if batch.bodies is not None else None
         if batch.bodies is not None and outcome is None:  # a record it cannot write as it is
             try:
@@ -456,11 +452,14 @@ class Sender:
         if own:
             with self._cond:
                 self.pending -= batch.count
-                self._oldest_unsent = time.monotonic() if self.pending > 0 else None
-                # the read stopped short of what was written, below the span count: full by
-                # bytes; what follows is a backlog, not a request still filling up
-                self._backlog = self.pending > 0 and batch.end is not None and \
-                    batch.after < batch.end and batch.count < stream.limit
+                if self.pending <= 0:
+                    self._oldest_unsent = None
+                elif batch.end is None or batch.after >= batch.end:
+                    self._oldest_unsent = time.monotonic()  # all of it written since the read
+                # else the read stopped short of what was written (a backlog, or a request full
+                # by bytes): the rest has waited at least since the oldest unsent span did, so
+                # it does not wait export_delay_s again (the same process waited it after every
+                # request of a backlog full by bytes, and for the rest of any backlog)
         stream.limit = min(self._settings.max_batch_spans, stream.limit * 2)
         if self._warned["outage"] and delivered:
             self._warned["outage"] = False
