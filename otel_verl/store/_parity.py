@@ -44,11 +44,13 @@ from typing import Any
 from otel_verl import _content, semconv
 from otel_verl.store._content import ContentError, ContentIndex
 
-__all__ = ["CONSUMED_DIR", "Difference", "Report", "TracedTrajectory", "check",
+__all__ = ["CONSUMED_DIR", "CONSUMED_SUFFIX", "Difference", "Report", "TracedTrajectory", "check",
            "consumed_key", "load_consumed", "summarize", "traced_trajectories"]
 
 #: the folder under a trace dir where the verl integration writes what the trainer consumed
 CONSUMED_DIR = "parity"
+#: its files' suffix (JSON lines; not ``.jsonl``, which span readers take for span files)
+CONSUMED_SUFFIX = ".parity"
 
 
 # --- summaries ----------------------------------------------------------------------------------
@@ -470,7 +472,7 @@ def load_consumed(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if os.path.isdir(root):
         folder = os.path.join(root, CONSUMED_DIR)
         files = sorted(os.path.join(folder, n) for n in os.listdir(folder)
-                       if n.endswith(".jsonl")) if os.path.isdir(folder) else []
+                       if n.endswith(CONSUMED_SUFFIX)) if os.path.isdir(folder) else []
         return [r for f in files for r in _jsonl(f)]
     if root.endswith(".parquet"):
         import pyarrow.parquet as pq

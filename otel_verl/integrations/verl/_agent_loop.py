@@ -34,6 +34,7 @@ from opentelemetry import trace as otel_trace
 
 import otel_verl
 from otel_verl import _errors, semconv
+from otel_verl.integrations.verl import _parity
 from otel_verl.integrations.verl._common import (
     LOCK,
     MARK,
@@ -375,6 +376,7 @@ def _traced_compute_score(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _record(final: Any) -> None:
+    _parity.record_consumed(final)  # what the trainer batches, as content ids (off the loop)
     score = getattr(final, "reward_score", None)
     if isinstance(score, (int, float)) and not isinstance(score, bool):
         otel_verl.record_reward(score)
