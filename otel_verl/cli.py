@@ -55,6 +55,7 @@ from otel_verl.store import (
     step_statistics,
 )
 from otel_verl.store._content import ContentIndex, turn_prompts
+from otel_verl.store._data_cli import add_export_parser, add_parity_parser
 
 __all__ = ["main"]
 
@@ -929,6 +930,7 @@ def _parser() -> argparse.ArgumentParser:
         "--differences-only", action="store_true", help="only the steps that differ"
     )
     compare_p.set_defaults(handler=_cmd_compare)
+    add_export_parser(traces_commands, _add_store_options)
 
     replay_p = traces_commands.add_parser(
         "replay", help="send what a durable log (or any store file) holds to a backend, from its "
@@ -966,6 +968,7 @@ def _parser() -> argparse.ArgumentParser:
     compact_p.add_argument("--live", action="store_true",
                            help="also files still being written (up to their last whole line)")
     compact_p.set_defaults(handler=_cmd_compact)
+    add_parity_parser(commands, _add_store_options)
     commands.add_parser(
         "demo", help="run the traced rollout demo (otel-verl demo --help for its options)"
     )
