@@ -249,6 +249,13 @@ def cache_path(lake: str, runs: int) -> str:
     return os.path.join(lake, "trajectories", f"cache-{runs}.parquet")
 
 
+def _part_key(experiment: Any, step: Any) -> tuple[str, str]:
+    """The partition directories of an (experiment, step), as compaction names them."""
+    return ("experiment=" + (NULL_PART if experiment is None else
+                             urllib.parse.quote(str(experiment), safe="")),
+            "step=" + (NULL_PART if step is None else str(step)))
+
+
 def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
     """Drop the table or view ``name`` of the main schema, whichever it is."""
     for kind, catalog in (("TABLE", "duckdb_tables()"), ("VIEW", "duckdb_views()")):
@@ -256,6 +263,11 @@ def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
                        f"{'table_name' if kind == 'TABLE' else 'view_name'} = ?",
                        [name]).fetchall()[0][0]:
             con.execute(f"DROP {kind} {name}")
+
+
+def traces_path(lake: str, runs: int) -> str:
+    """``trace_id -> (experiment, step)`` of the segments' trajectories, sorted by trace id."""
+    return os.path.join(lake, "trajectories", f"traces-{runs}.parquet")
 
 
 def steps_path(lake: str, runs: int) -> str:
@@ -317,19 +329,25 @@ def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
         con.execute("COPY (SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, experiment, "
                     "validate, step, report_counts FROM segment_spans WHERE is_report) "
                     f"TO {_q(tmp_reports)} (FORMAT parquet)")
+        final_traces = traces_path(lake, manifest.runs)
+        tmp_traces = tmp.replace("cache-", "traces-")
+        con.execute(f"COPY (SELECT trace_id, experiment, step FROM read_parquet({_q(tmp)}) "
+                    f"ORDER BY trace_id) TO {_q(tmp_traces)} (FORMAT parquet, "
+                    "ROW_GROUP_SIZE 4096)")
         final_steps = steps_path(lake, manifest.runs)
         tmp_steps = tmp.replace("cache-", "steps-")
         con.execute("COPY (" + steps_sql(f"read_parquet({_q(tmp)})") + f") TO {_q(tmp_steps)} "
                     "(FORMAT parquet)")
     finally:
         con.close()
-    for path in (tmp, tmp_reports, tmp_steps):
+    for path in (tmp, tmp_reports, tmp_steps, tmp_traces):
         with open(path, "rb+") as handle:
             os.fsync(handle.fileno())
+    os.replace(tmp_traces, final_traces)
     os.replace(tmp_reports, final_reports)
     os.replace(tmp_steps, final_steps)
     os.replace(tmp, final)
-    keep = {os.path.basename(p) for p in (final, final_reports, final_steps)}
+    keep = {os.path.basename(p) for p in (final, final_reports, final_steps, final_traces)}
     for name in os.listdir(os.path.dirname(final)):
         if name not in keep:
             with contextlib.suppress(OSError):
@@ -357,7 +375,7 @@ class Lake:
         self._excluded: set[str] = set()
         self._exclusion = ""
         self._steps_ready = False
-        self._trace_parts: dict[str, set[tuple[str, str]]] | None = None
+        self._traces_index: str | None = None
         self.state = LakeState()
 
     @classmethod
@@ -468,7 +486,8 @@ class Lake:
                             "validate, step, report_counts FROM spans WHERE is_report")
                 con.execute(f"CREATE OR REPLACE VIEW steps AS {steps_sql()}")
             self._steps_ready = False
-            self._trace_parts = None
+            self._traces_index = (traces_path(self.lake_dir, manifest.runs) if state.cached
+                                  else None)
             self._partitions = self._partition_files(segments)
             state.segment_rows = manifest.rows
             state.trajectories = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
@@ -631,15 +650,16 @@ class Lake:
             out.setdefault(key, []).append(path)
         return out
 
-    def _row_groups(self, path: str) -> tuple[pq.ParquetFile, list[tuple[str, str]]]:
+    def _row_groups(self, path: str, column_name: str = "TraceId"
+                    ) -> tuple[pq.ParquetFile, list[tuple[str, str]]]:
         """A segment's reader and its row groups' ``TraceId`` ranges (cached: segments never
         change once written)."""
         found = self._footers.get(path)
         if found is None:
             reader = pq.ParquetFile(path, memory_map=True)
             meta = reader.metadata
-            column = meta.schema.names.index("TraceId") if "TraceId" in meta.schema.names \
-                else SPAN_SCHEMA.names.index("TraceId")
+            column = [meta.schema.column(i).name for i in range(meta.num_columns)].index(
+                column_name)
             ranges = []
             for g in range(meta.num_row_groups):
                 stats = meta.row_group(g).column(column).statistics
@@ -656,21 +676,25 @@ class Lake:
         ``trajectories``) and of the spans without a step, and the raw rows of the trace."""
         trace_id = trace_id.lower()
         with self._lock:
-            if self._trace_parts is None:  # once per refresh: {trace id: its partitions}
-                parts: dict[str, set[tuple[str, str]]] = {}
-                table = self.connection.sql(
-                    "SELECT trace_id, experiment, step FROM trajectories").arrow()
-                if not isinstance(table, pa.Table):  # a RecordBatchReader in newer DuckDB
-                    table = table.read_all()
-                for trace, exp, step in zip(table.column(0).to_pylist(),
-                                            table.column(1).to_pylist(),
-                                            table.column(2).to_pylist(), strict=True):
-                    parts.setdefault(trace, set()).add(
-                        ("experiment=" + (NULL_PART if exp is None else
-                                          urllib.parse.quote(str(exp), safe="")),
-                         "step=" + (NULL_PART if step is None else str(step))))
-                self._trace_parts = parts
-            where = self._trace_parts.get(trace_id)
+            where: set[tuple[str, str]] | None = None
+            if self._traces_index is not None and os.path.exists(self._traces_index):
+                reader, ranges = self._row_groups(self._traces_index, "trace_id")
+                groups = [g for g, (lo, hi) in enumerate(ranges) if lo <= trace_id <= hi]
+                if groups:
+                    table = reader.read_row_groups(groups, use_threads=False)
+                    table = table.filter(pc.equal(table["trace_id"], trace_id))
+                    where = {_part_key(e, st) for e, st in zip(
+                        table.column("experiment").to_pylist(), table.column("step").to_pylist(),
+                        strict=True)}
+            else:
+                where = {_part_key(r["experiment"], r["step"]) for r in self.rows(
+                    "SELECT DISTINCT experiment, step FROM trajectories WHERE trace_id = ?",
+                    [trace_id])}
+            if self._raw.num_rows:
+                mine = self._raw.filter(pc.equal(self._raw["TraceId"], trace_id))
+                where = (where or set()) | {_part_key(e, st) for e, st in zip(
+                    mine.column("experiment").to_pylist(), mine.column("step").to_pylist(),
+                    strict=True) if st is not None}
             wanted = where or set()
             files = [f for key, paths in self._partitions.items()
                      if key in wanted or key[1] == "step=" + NULL_PART for f in paths]
