@@ -21,7 +21,7 @@ from typing import Any
 
 from opentelemetry.trace import Span, Status, StatusCode
 
-from otel_verl import _content, _errors, semconv
+from otel_verl import _content, _errors, _payload, semconv
 from otel_verl._payload import TRUNCATION_MARK, redact_text, to_payload
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 
@@ -234,7 +234,20 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
         if new is not None:
             out = dict(fields) if out is None else out
             out[key] = new
-    return (out, count) if out is not None else (value, 0)
+    if out is None:
+        return value, 0
+    return _with_model_class(value, out), count
+
+
+def _with_model_class(value: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` of a pydantic model keep its class as the payload walker records it
+    (``_type`` first, ``_class_name``/``_bases`` last: what Weave reads an object's class from)."""
+    pydantic = sys.modules.get("pydantic")
+    kind = type(value)
+    if pydantic is None or not issubclass(kind, pydantic.BaseModel):
+        return fields
+    name, bases = _payload.class_record(kind)
+    return {"_type": name, **fields, "_class_name": name, "_bases": bases}
 
 
 def _ref(runtime: Runtime, options: ContentOptions, item: Any,

@@ -247,7 +247,7 @@ class _Walker:
         if pydantic is not None and issubclass(kind, pydantic.BaseModel):
             values = object.__getattribute__(obj, "__dict__")
             fields: Any = getattr(kind, "model_fields", {})  # a class attribute (pydantic v2)
-            name, bases = _class_record(kind)
+            name, bases = class_record(kind)
             items: list[tuple[str, Any]] = [("_type", name)]
             items.extend((field, values.get(field)) for field in fields if field in values)
             extra = object.__getattribute__(obj, "__pydantic_extra__")
@@ -392,7 +392,7 @@ class _Walker:
 _UNKNOWN: Any = object()
 
 
-def _class_record(kind: type) -> tuple[str, list[str]]:
+def class_record(kind: type) -> tuple[str, list[str]]:
     """A pydantic model's class as Weave's client records it (``_type`` / ``_class_name`` = the
     class's ``__name__``, ``_bases`` = the names of its bases up to, not including, ``object``),
     read from the class's own ``type`` slots (nothing the model defines is called)."""
