@@ -48,6 +48,12 @@ from otel_verl.store._index import StoreIndex
 from otel_verl.testing import capture_spans
 from otel_verl.ui.server import UIServer
 
+try:  # the lake extra: the viewer's new read path, measured beside the index
+    from otel_verl.store._compact import compact
+    from otel_verl.ui._lake import LakeSource
+except ImportError:  # pragma: no cover - without duckdb only the index is measured
+    compact = LakeSource = None  # type: ignore[assignment,misc]
+
 STEP, SAMPLE, ROLLOUT = 987654321, 987654322, 987654323
 REWARD, TOKENS = 0.123456789, 876543
 BASE_S = 1_700_000_000
@@ -209,6 +215,17 @@ def _median_ms(url: str, rounds: int = 5) -> tuple[float, bytes]:
     return statistics.median(times) * 1e3, body
 
 
+def _comparable(answer: Any) -> Any:
+    """An answer with the keys both read paths give (the lake's steps carry a few more)."""
+    if isinstance(answer, dict) and "steps" in answer:
+        keys = set.intersection(*(set(s) for s in answer["steps"])) if answer["steps"] else set()
+        return {"steps": [{k: (round(v, 9) if isinstance(v, float) else v)
+                           for k, v in s.items() if k in keys and k not in (
+                               "traced", "estimated", "reward_mean_unweighted", "by_reason")}
+                          for s in answer["steps"]], "flat": answer["flat"]}
+    return answer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trajectories", type=int, default=100_000)
@@ -248,32 +265,69 @@ def main() -> None:
         print(f"incremental update (+1000 trajectories, {more.new_spans} spans): "
               f"{more.seconds:.2f}s")
 
-        server = UIServer(index, port=0, poll_s=3600)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        base = server.url + "api/"
-        rows: list[tuple[str, float, int]] = []
-        for label, route in (
+        sources: dict[str, Any] = {"index": index}
+        if LakeSource is not None:
+            lake_store = os.path.join(root, "lake_store")  # the same files, compacted beside
+            shutil.rmtree(lake_store, ignore_errors=True)
+            shutil.copytree(store, lake_store, ignore=shutil.ignore_patterns(".otel_verl_*"))
+            extra = [f for f in os.listdir(lake_store)
+                     if f.endswith(f"{args.trajectories:08d}.jsonl")]
+            for name in extra:  # compact the first store; the +1000 file stays raw (live)
+                os.rename(os.path.join(lake_store, name), os.path.join(root, name))
+            done = compact(lake_store, live_bytes=0)
+            for name in extra:
+                os.rename(os.path.join(root, name), os.path.join(lake_store, name))
+            print(f"lake compaction: {done.seconds:.1f}s = {done.spans / done.seconds:,.0f} "
+                  f"spans/s ({done.segments} segments)")
+            started = time.perf_counter()
+            sources["lake"] = LakeSource(lake_store, compact=False)
+            print(f"lake open (segments + the raw +1000 file read directly): "
+                  f"{time.perf_counter() - started:.2f}s "
+                  f"({sources['lake'].problems()['trajectories']} trajectories)")
+        bases = {}
+        servers = []
+        for name, source in sources.items():
+            server = UIServer(source, port=0, poll_s=3600)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            servers.append(server)
+            bases[name] = server.url + "api/"
+        steps = args.trajectories // (PROMPTS * N)
+        mid = max(1, steps // 2)
+        _, body = _get(bases["index"] + f"trajectories?step={mid}&sample_index=3")
+        key = json.loads(body)["rows"][0]["key"]
+        routes = (
             ("overview (all steps)", "overview"),
             ("table, first page", "trajectories"),
-            ("table, step filter + sort by reward", "trajectories?step=97&order=reward&desc=1"),
+            ("table, step filter + sort by reward", f"trajectories?step={mid}&order=reward&desc=1"),
             ("table, free text search", "trajectories?text=17*23&page=3"),
             ("table, errors only", "trajectories?errors=1"),
-        ):
-            ms, body = _median_ms(base + route)
-            rows.append((label, ms, len(body)))
-        ms, body = _median_ms(base + "trajectories?step=50&sample_index=3")
-        key = json.loads(body)["rows"][0]["key"]
-        for label, route in (
             ("trajectory page", f"trajectory?key={key}"),
-            ("GRPO group (8 rollouts)", "group?step=50&sample_index=3&validate=0"),
+            ("GRPO group (8 rollouts)", f"group?step={mid}&sample_index=3&validate=0"),
             ("prompt through training", "prompt?sample_index=3&validate=0"),
-        ):
-            ms, body = _median_ms(base + route)
-            rows.append((label, ms, len(body)))
-        server.shutdown()
-        print(f"{'HTTP request (median of 5)':<40} {'ms':>8} {'bytes':>10}")
-        for label, ms, nbytes in rows:
-            print(f"{label:<40} {ms:8.1f} {nbytes:10d}")
+        )
+        rows: list[tuple[str, dict[str, float], int]] = []
+        for label, route in routes:
+            times: dict[str, list[float]] = {name: [] for name in bases}
+            answers: dict[str, Any] = {}
+            for _ in range(5):  # interleaved, so the machine's load falls on both alike
+                for name, base in bases.items():
+                    seconds, body = _get(base + route)
+                    times[name].append(seconds)
+                    answers[name] = json.loads(body)
+            if "lake" in answers and label.startswith(("overview", "table")):
+                same = _comparable(answers["index"]) == _comparable(answers["lake"])
+                label += "" if same else " (answers differ!)"
+            rows.append((label, {n: statistics.median(t) * 1e3 for n, t in times.items()},
+                         len(body)))
+        for server in servers:
+            server.shutdown()
+        names = list(bases)
+        print(f"{'HTTP request (median of 5, interleaved)':<46}"
+              + "".join(f"{n + ' ms':>11}" for n in names)
+              + (f"{'lake/index':>12}" if "lake" in bases else ""))
+        for label, ms, _ in rows:
+            ratio = f"{ms['lake'] / ms['index']:12.2f}" if "lake" in ms else ""
+            print(f"{label:<46}" + "".join(f"{ms[n]:11.1f}" for n in names) + ratio)
 
         # baseline: the CLI's whole-store read, on a 10,000-trajectory slice of the same store
         sample = min(10_000, args.trajectories)
@@ -283,7 +337,7 @@ def main() -> None:
         grouped = group_trajectories(read_spans(slice_dir, warn=False))
         full = time.perf_counter() - started
         per_100k = full * 100_000 / sample
-        overview_ms = rows[0][1]
+        overview_ms = rows[0][1]["index"]
         print(f"baseline, read_spans + group_trajectories ({sample} trajectories, "
               f"{len(grouped)} grouped): {full:.1f}s -> ~{per_100k:.0f}s per 100k; "
               f"index overview is {per_100k * 1e3 / overview_ms:,.0f}x faster than re-reading")

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -114,15 +115,23 @@ class LakeSource:
         self.compactions = 0
         self.last_error: str | None = None
         self._signature: tuple[Any, ...] = ()
+        self._files: dict[str, dict[str, list[str]]] = {}
+        self._excluded: list[str] = []
         self._lake: Lake = self._open()
         self._problems = self._count_problems(self._lake)
 
     # -- opening and swapping ------------------------------------------------------------------
     def _open(self) -> Lake:
+        from otel_verl.store._compact import Manifest
         from otel_verl.store._query import Lake
 
         self._signature = _signature(self._trace_dir)
         lake = Lake.open(self._trace_dir)
+        manifest = Manifest.load(lake.lake_dir)
+        # segment files by partition (experiment=.../step=...): a page reads only its steps'
+        self._files = {kind: _by_partition(lake.lake_dir, names) for kind, names in (
+            ("spans", manifest.segments), ("payload", manifest.payloads))}
+        self._excluded = sorted(manifest.excluded)
         with lake._lock:
             con = lake.connection
             # which store lines hold each trace (the trajectory page re-reads them)
@@ -317,9 +326,22 @@ class LakeSource:
         return {"total": total, "page": page, "page_size": page_size, "rows": rows}
 
     def trajectory_row(self, key: str) -> dict[str, Any] | None:
+        """One row; its prompt and answer from the trace's own lines (which its page reads
+        anyway, through the line cache), not from the payload segments."""
         lake = self._lake
         found = lake.rows("SELECT * FROM trajectories WHERE key = ?", [_clean(str(key))])
-        return self._rows(lake, found, False)[0] if found else None
+        if not found:
+            return None
+        row = {c: found[0].get(c) for c in TRAJECTORY_COLUMNS}
+        spans = sorted(self.trace_spans(str(row["trace_id"])),
+                       key=lambda s: s["start_ns"] if s["start_ns"] is not None else 2**63)
+        for span in spans:
+            prompt, response = prompt_and_response(span)
+            if row["prompt"] is None and prompt is not None:
+                row["prompt"] = _clean(_snippet(prompt))
+            if response is not None:
+                row["response"] = _clean(_snippet(response))
+        return row
 
     def _rows(self, lake: Lake, found: list[dict[str, Any]], with_search: bool
               ) -> list[dict[str, Any]]:
@@ -348,11 +370,12 @@ class LakeSource:
         for start in range(0, len(trace_ids), 2000):
             batch = trace_ids[start:start + 2000]
             marks = ", ".join("?" * len(batch))
+            payloads, spans = (self._relation(lake, kind, batch) for kind in ("payload", "spans"))
             rows = lake.rows(
-                f"SELECT p.TraceId AS t, p.Payload AS payload FROM payloads p LEFT JOIN "
-                f"(SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, Timestamp FROM spans "
-                f"WHERE TraceId IN ({marks})) s USING (TraceId, SpanId) WHERE p.TraceId IN "
-                f"({marks}) ORDER BY p.TraceId, s.Timestamp NULLS LAST, p.SpanId",
+                f"SELECT p.TraceId AS t, p.Payload AS payload FROM ({payloads}) p LEFT JOIN "
+                f"(SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, Timestamp FROM "
+                f"({spans}) WHERE TraceId IN ({marks})) s USING (TraceId, SpanId) WHERE "
+                f"p.TraceId IN ({marks}) ORDER BY p.TraceId, s.Timestamp NULLS LAST, p.SpanId",
                 [*batch, *batch])
             for row in rows:
                 trace = row["t"]
@@ -367,6 +390,27 @@ class LakeSource:
                     search = (search + "\n" + " ".join(attributes.values()))[:_SEARCH_TEXT]
                 out[trace] = (prompt, response, search)
         return out
+
+    def _relation(self, lake: Lake, kind: str, trace_ids: list[str]) -> str:
+        """SQL for the ``spans`` or ``payloads`` rows of these traces' partitions only (the
+        segments of their trajectories' experiment and step, and the raw lines)."""
+        view = "spans" if kind == "spans" else "payloads"
+        files = self._files.get(kind, {})
+        if not files:
+            return f"SELECT * FROM {view}"
+        marks = ", ".join(_q(t) for t in trace_ids)
+        wanted = {_part(r["experiment"], r["step"]) for r in lake.rows(
+            f"SELECT DISTINCT experiment, step FROM trajectories WHERE trace_id IN ({marks})")}
+        chosen = [f for part, paths in files.items() if part in wanted for f in paths]
+        raw = "raw_spans_arrow" if kind == "spans" else "raw_payload_arrow"
+        names = "TraceId, SpanId, Timestamp" if kind == "spans" else "TraceId, SpanId, Payload"
+        where = (f" WHERE source NOT IN ({', '.join(_q(s) for s in self._excluded)})"
+                 if kind == "spans" and self._excluded else "")
+        if not chosen:
+            return f"SELECT {names} FROM {raw}"
+        listed = "[" + ", ".join(_q(f) for f in chosen) + "]"
+        return (f"SELECT {names} FROM read_parquet({listed}, hive_partitioning = false){where} "
+                f"UNION ALL SELECT {names} FROM {raw}")
 
     def trace_spans(self, trace_id: str) -> list[dict[str, Any]]:
         """Every stored span of one trace, fully decoded: re-read from the store lines that hold
@@ -427,6 +471,26 @@ class LakeSource:
         self.stop()
         for lake in [*self._retired, self._lake]:
             lake.close()
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _part(experiment: Any, step: Any) -> str:
+    """The partition directory compaction writes a row's segments under."""
+    from otel_verl.store._compact import NULL_PART
+
+    exp = NULL_PART if experiment is None else urllib.parse.quote(str(experiment), safe="")
+    return f"experiment={exp}/step={NULL_PART if step is None else int(step)}"
+
+
+def _by_partition(lake_dir: str, names: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name in names:  # spans/experiment=e/step=n/part-....parquet
+        parts = name.replace(os.sep, "/").split("/")
+        out.setdefault("/".join(parts[1:3]), []).append(os.path.join(lake_dir, name))
+    return out
 
 
 _CODES = {"Unset": "UNSET", "Ok": "OK", "Error": "ERROR"}
