@@ -446,6 +446,16 @@ class TraceConfig:
     tail_group_timeout_s: float = _option(
         300.0, _parse_positive_float, env=(_env.OTEL_VERL_TAIL_GROUP_TIMEOUT_S,),
         doc="an incomplete group is decided with the trajectories it has after this long")
+    live: bool = _option(
+        False, _parse_bool, env=(_env.OTEL_VERL_LIVE,),
+        doc="in-flight records: the spans running now, snapshotted every second to "
+            "`<trace_dir>/live/<host>-<pid>.json` (`otel-verl traces live`, the viewer's Live "
+            "board), stuck ops sent as `otel_verl.in_flight` spans, a per-step "
+            "`otel_verl.straggler_report` (docs/live.md)")
+    stuck_after_s: float = _option(
+        300.0, _parse_positive_float, env=(_env.OTEL_VERL_STUCK_AFTER_S,),
+        doc="an op in flight this long is flagged stuck (earlier: 5x the step's running p99 for "
+            "its name, once 20 ended, never under 1 s)")
     weave_ingest: str = _option(
         "calls", _choice(WEAVE_INGEST), env=(_env.OTEL_VERL_WEAVE_INGEST,),
         doc="backend=weave path: `calls` (our exporter: complete calls) or `otel` (Weave's own "

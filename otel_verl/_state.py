@@ -74,6 +74,8 @@ class Runtime:
                                          config.experiment_name)
         self._open_lock = threading.Lock()
         self._open_trajectories = 0
+        #: in-flight records (``otel_verl._live``), None with ``live=false``
+        self.live = _start_live(self) if config.live else None
 
     def trajectory_started(self) -> None:
         with self._open_lock:
@@ -112,6 +114,8 @@ class Runtime:
 
     def shutdown(self, timeout_s: float) -> bool:
         """Flush, then stop the processor chain; both bounded by ``timeout_s`` in all."""
+        if self.live is not None:  # its last straggler reports go out with the flush
+            self.live.close()
         half_ms = _half_millis(timeout_s)
         done = self.provider.force_flush(half_ms)  # type: ignore[arg-type]  # inf works
         try:
@@ -144,6 +148,20 @@ def _half_millis(timeout_s: float) -> float:
     if ms != ms or ms < 0:  # noqa: PLR0124 - nan
         return 0.0
     return ms
+
+
+def _start_live(runtime: Runtime) -> Any:
+    """The live tracker on the runtime's provider (never raises: no tracker then)."""
+    try:
+        from otel_verl._live import LiveTracker
+
+        tracker = LiveTracker(runtime.config.trace_dir, runtime.tracer,
+                              runtime.config.stuck_after_s, runtime.config.experiment_name)
+        runtime.provider.add_span_processor(tracker)
+        return tracker
+    except Exception as exc:
+        _errors.internal_error(exc, "starting live tracking")
+        return None
 
 
 class ProcessState:

@@ -151,10 +151,17 @@ def rollout_trace_attr(
     provisional = not enabled and runtime is not None and bool(runtime.config.tail_keep)
     if runtime is None or not (enabled or provisional):
         token = TRAJECTORY.set(Trajectory(attrs, None, enabled))
+        live = runtime.live if runtime is not None else None  # counted, numbers only
+        if live is not None:
+            live.unsampled_started(attrs.get(semconv.ROLLOUT_STEP),
+                                   attrs[semconv.ROLLOUT_VALIDATE])
         try:
             yield None
         finally:
             _restore(token, previous)
+            if live is not None:
+                live.unsampled_ended(attrs.get(semconv.ROLLOUT_STEP),
+                                     attrs[semconv.ROLLOUT_VALIDATE])
         return
     name = fix_surrogates(name) if type(name) is str else "rollout_trace"
     span = runtime.tracer.start_span(

@@ -825,6 +825,38 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_live(args: argparse.Namespace) -> int:
+    """``traces live``: the ops in flight now (``otel_verl.store._live``)."""
+    from otel_verl.store._live import live_workers
+
+    view = live_workers(args.dir)
+    if args.json:
+        for worker in view["workers"]:
+            for op in worker["ops"]:
+                print(json.dumps(op, default=str, sort_keys=True))
+            if worker["lost"] and not worker["ops"]:
+                print(json.dumps({"worker": worker["worker"], "lost": True, "ops": 0}))
+        return 0
+    if not view["workers"]:
+        print("nothing in flight (no live files under "
+              f"{os.path.join(args.dir, 'live')})")
+    for worker in view["workers"]:
+        state = "LOST" if worker["lost"] else "live"
+        print(f"{worker['worker']}  {state}  heartbeat {worker['heartbeat_age_s']:.1f}s ago  "
+              f"{worker['trajectories']} trajectories, {worker['stuck']} stuck")
+        for op in worker["ops"]:
+            flag = "STUCK " if op["stuck"] else "      "
+            waits = op.get("waiting_on") or {}
+            extra = f"  waits on {waits.get('name')}" if waits else ""
+            print(f"  {flag}{op['elapsed_s']:8.1f}s  step={op.get('step')} "
+                  f"sample={op.get('sample_index')} n={op.get('rollout_n')}  {op.get('name')}"
+                  f"{extra}")
+        for count in worker["unsampled"]:
+            if count.get("in_flight"):
+                print(f"  unsampled in flight: step={count.get('step')} {count['in_flight']}")
+    return 0
+
+
 # --- argument parsing ---------------------------------------------------------------------------
 
 
@@ -931,6 +963,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare_p.set_defaults(handler=_cmd_compare)
     add_export_parser(traces_commands, _add_store_options)
+
+    live_p = traces_commands.add_parser(
+        "live", help="what runs now (the workers' live files): ops in flight, stuck first, lost "
+        "workers (docs/live.md)")
+    live_p.add_argument("--dir", "--trace-dir", dest="dir", default=None,
+                        help=f"the trace dir (default: ${ENV_TRACE_DIR} or ./otel_verl_traces)")
+    live_p.add_argument("--json", action="store_true",
+                        help="one JSON object per op in flight (lost workers' ops included)")
+    live_p.set_defaults(handler=_cmd_live)
 
     replay_p = traces_commands.add_parser(
         "replay", help="send what a durable log (or any store file) holds to a backend, from its "

@@ -216,6 +216,31 @@ ROLLOUT_SAMPLING_DROPPED: Final = "rollout.sampling.dropped"
 #: of the dropped: matched a tail rule but ``tail_max_per_step_per_worker`` was spent
 ROLLOUT_SAMPLING_OVER_BUDGET: Final = "rollout.sampling.over_budget"
 
+# --- live: in-flight records, stuck ops, stragglers (otel_verl._live, docs/live.md) -------------
+#: a short span per op that became stuck, sent while it is stuck (child of it, op start to now)
+IN_FLIGHT_SPAN: Final = "otel_verl.in_flight"
+#: the per-step per-worker straggler report: a small root span with the attributes below
+STRAGGLER_REPORT_SPAN: Final = "otel_verl.straggler_report"
+#: on an in-flight span: the stuck op's name, span id (16 hex), seconds in flight, threshold,
+#: what it waits on (the op in flight below it), its engine request id, the worker (host:pid)
+OTEL_VERL_LIVE_OP: Final = "otel_verl.live.op"
+OTEL_VERL_LIVE_SPAN_ID: Final = "otel_verl.live.span_id"
+OTEL_VERL_LIVE_ELAPSED_S: Final = "otel_verl.live.elapsed_s"
+OTEL_VERL_LIVE_THRESHOLD_S: Final = "otel_verl.live.threshold_s"
+OTEL_VERL_LIVE_WAITING_ON: Final = "otel_verl.live.waiting_on"
+OTEL_VERL_LIVE_REQUEST_ID: Final = "otel_verl.live.request_id"
+OTEL_VERL_LIVE_WORKER: Final = "otel_verl.live.worker"
+OTEL_VERL_LIVE_STUCK: Final = "otel_verl.live.stuck"
+#: on a straggler report: trajectories in the step, its wall time, the median trajectory, how
+#: long the step waited on its tail, the slowest trajectories (JSON list) and the op that
+#: dominated the slowest one
+OTEL_VERL_STRAGGLER_TRAJECTORIES: Final = "otel_verl.straggler.trajectories"
+OTEL_VERL_STRAGGLER_STEP_S: Final = "otel_verl.straggler.step_s"
+OTEL_VERL_STRAGGLER_MEDIAN_S: Final = "otel_verl.straggler.median_s"
+OTEL_VERL_STRAGGLER_TAIL_WAIT_S: Final = "otel_verl.straggler.tail_wait_s"
+OTEL_VERL_STRAGGLER_SLOWEST: Final = "otel_verl.straggler.slowest"
+OTEL_VERL_STRAGGLER_DOMINANT_OP: Final = "otel_verl.straggler.dominant_op"
+
 
 class SamplingReason:
     """Values of ``rollout.sampling.reason``."""
