@@ -440,6 +440,13 @@ class ContentStore:
                     with self._lock:
                         self.counts["content_errors"] += 1
                     _log.warning("otel_verl: content store write failed: %r", exc)
+            if self._file is not None:  # each batch reaches the OS: a SIGKILL loses at most one
+                try:
+                    self._file.flush()
+                except (OSError, ValueError) as exc:
+                    with self._lock:
+                        self.counts["content_errors"] += 1
+                    _log.warning("otel_verl: content store write failed: %r", exc)
             with self._idle:
                 self._pending -= len(batch)
                 if self._pending == 0:
