@@ -40,7 +40,7 @@ FOREIGN_BACKENDS = ("mlflow", "trackio")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 PROCESSORS = ("batch", "simple")
 #: the rules of ``tail_keep`` (see ``otel_verl.exporters._tail``)
-TAIL_RULES = ("errors", "truncated", "reward_outliers", "groups")
+TAIL_RULES = ("errors", "truncated", "reward_outliers", "flags", "groups")
 #: how backend=weave delivers: the Weave exporter's calls, or Weave's own OTel ingestion
 WEAVE_INGEST = ("calls", "otel")
 
@@ -177,6 +177,39 @@ def _parse_tail_keep(value: Any) -> tuple[str, ...]:
         if rule not in rules:
             rules.append(rule)
     return tuple(rules)
+
+
+def _parse_detect_flags(value: Any) -> tuple[str, ...]:
+    """Detector names (``otel_verl.exporters._detect``) as ``tail_keep`` takes rules; ``all`` =
+    every one known (built-in and registered); empty = off."""
+    from otel_verl.exporters._detect import known_detectors
+
+    known = known_detectors()
+    if isinstance(value, str) and value.strip().strip("[]").strip().lower() == "all":
+        return known
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        items: list[Any] = [p.strip().strip("'\"") for p in text.split(",") if p.strip()]
+        if [p.lower() for p in items] in (["none"], ["null"]):
+            items = []
+    elif isinstance(value, Iterable) and not _is_mapping(value):
+        items = list(value)
+    else:
+        raise ConfigError(f"expected a list of detector names or 'all'; got {value!r}")
+    names: list[str] = []
+    for item in items:
+        name = item.strip().lower() if isinstance(item, str) else item
+        if name == "all":
+            return known
+        if name not in known:
+            raise ConfigError(f"expected detectors among {', '.join(known)}; got {item!r}")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 def _parse_z(value: Any) -> float:
@@ -422,7 +455,7 @@ class TraceConfig:
     tail_keep: tuple[str, ...] = _option(
         (), _parse_tail_keep, env=(_env.OTEL_VERL_TAIL_KEEP,), note="off",
         doc="tail rules that export a trajectory the head rule did not pick, decided when it "
-            "ends: `errors`, `truncated`, `reward_outliers`, `groups` (a list, or a comma string "
+            "ends: `errors`, `truncated`, `reward_outliers`, `flags`, `groups` (a list, or a comma string "
             "in the environment); empty = off (no provisional recording, no cost)")
     group_size: int | None = _option(
         None, _parse_opt_int(1), env=(_env.OTEL_VERL_GROUP_SIZE,),
@@ -446,6 +479,13 @@ class TraceConfig:
     tail_group_timeout_s: float = _option(
         300.0, _parse_positive_float, env=(_env.OTEL_VERL_TAIL_GROUP_TIMEOUT_S,),
         doc="an incomplete group is decided with the trajectories it has after this long")
+    detect_flags: tuple[str, ...] = _option(
+        (), _parse_detect_flags, env=(_env.OTEL_VERL_DETECT_FLAGS,), note="off",
+        doc="detectors tagging `rl.flag.<name>` with evidence on trajectory spans, run off the "
+            "rollout's loop when a trajectory or its step ends (docs/signals.md): `length_cap`, "
+            "`repeated_tool_calls`, `tool_error_streak`, `copied_prompt`, `format_failure`, "
+            "`degenerate_group`, `reward_outlier`, `length_outlier`, `reward_hacking`, yours; "
+            "`all`; empty = off")
     live: bool = _option(
         False, _parse_bool, env=(_env.OTEL_VERL_LIVE,),
         doc="in-flight records: the spans running now, snapshotted every second to "

@@ -36,6 +36,8 @@ OTEL_VERL_TAIL_REWARD_Z: Final = "OTEL_VERL_TAIL_REWARD_Z"
 OTEL_VERL_TAIL_MAX_PER_STEP_PER_WORKER: Final = "OTEL_VERL_TAIL_MAX_PER_STEP_PER_WORKER"
 OTEL_VERL_TAIL_BUFFER_BYTES: Final = "OTEL_VERL_TAIL_BUFFER_BYTES"
 OTEL_VERL_TAIL_GROUP_TIMEOUT_S: Final = "OTEL_VERL_TAIL_GROUP_TIMEOUT_S"
+#: detectors tagging ``rl.flag.<name>`` (``otel_verl.exporters._detect``)
+OTEL_VERL_DETECT_FLAGS: Final = "OTEL_VERL_DETECT_FLAGS"
 #: in-flight records (``otel_verl._live``): on/off, and the stuck threshold
 OTEL_VERL_LIVE: Final = "OTEL_VERL_LIVE"
 OTEL_VERL_STUCK_AFTER_S: Final = "OTEL_VERL_STUCK_AFTER_S"

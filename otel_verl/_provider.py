@@ -277,5 +277,12 @@ def build_provider(
         from otel_verl.exporters._tail import TailSamplingProcessor
 
         processor = TailSamplingProcessor.from_config(processor, config, provider.resource)
+    detectors = config.detect_flags or (("all",) if "flags" in config.tail_keep else ())
+    if detectors:  # detectors before tail sampling, on their own thread (exporters/_detect.py)
+        from otel_verl.exporters._detect import FlaggingProcessor, known_detectors
+
+        names = known_detectors() if detectors == ("all",) else detectors
+        processor = FlaggingProcessor(processor, names,
+                                      step_timeout_s=config.tail_group_timeout_s)
     provider.add_span_processor(processor)
     return provider, exporter, processor

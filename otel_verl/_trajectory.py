@@ -35,7 +35,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind
 
-from otel_verl import _errors, semconv
+from otel_verl import _errors, _evaluations, semconv
 from otel_verl._capture import record_failure, scrub_text, set_payload
 from otel_verl._hotpath import clean_attributes
 from otel_verl._sampling import normalise_index, sampling_attributes
@@ -282,11 +282,15 @@ def get_tracer_provider() -> TracerProvider | None:
     return runtime.provider if runtime is not None else None
 
 
-def record_reward(score: float, *, name: str = "reward", label: str | None = None) -> None:
+def record_reward(score: float, *, name: str = "reward", label: str | None = None,
+                  explanation: str | None = None,
+                  components: Mapping[str, Any] | None = None) -> None:
     """Put a reward on the current trajectory span (``rollout.reward`` + GenAI evaluation).
 
-    Also emits a ``gen_ai.evaluation.result`` event there. Does nothing outside a recorded
-    trajectory.
+    Also emits a ``gen_ai.evaluation.result`` event there (and a log-based event where wired,
+    ``otel_verl._evaluations``). ``components``: name -> score, or -> ``{"score", "label",
+    "explanation"}``, each its own evaluation result and ``rl.reward.<name>`` attribute. Does
+    nothing outside a recorded trajectory.
     """
     traj = TRAJECTORY.get()
     if traj is None or traj.span is None or not traj.span.is_recording():
@@ -297,8 +301,12 @@ def record_reward(score: float, *, name: str = "reward", label: str | None = Non
                                  semconv.GEN_AI_EVALUATION_SCORE_VALUE: value}
         if label is not None:
             attrs[semconv.GEN_AI_EVALUATION_SCORE_LABEL] = label
+        if explanation is not None:
+            attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)[:1024]
         traj.span.set_attribute(semconv.ROLLOUT_REWARD, value)
-        traj.span.add_event(semconv.GEN_AI_EVALUATION_RESULT, attrs)
+        _evaluations.emit_evaluation(traj.span, attrs)
+        if components:
+            _evaluations.record_components(traj.span, components)
         outcome = _OUTCOME.get()
         if outcome is not None:
             outcome.fields["reward"] = value

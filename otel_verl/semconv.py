@@ -216,6 +216,35 @@ ROLLOUT_SAMPLING_DROPPED: Final = "rollout.sampling.dropped"
 #: of the dropped: matched a tail rule but ``tail_max_per_step_per_worker`` was spent
 ROLLOUT_SAMPLING_OVER_BUDGET: Final = "rollout.sampling.over_budget"
 
+# --- RL signals: detector flags and reward components (otel_verl.exporters._detect, docs/signals.md)
+#: on a flagged trajectory span: the names of its flags (tuple of str), sorted
+RL_FLAGS: Final = "rl.flags"
+#: ``rl.flag.<name>`` = True on a flagged trajectory span, ``rl.flag.<name>.evidence`` = a short
+#: JSON object saying why (e.g. ``{"turn": 2, "finish_reason": "length"}``)
+RL_FLAG_PREFIX: Final = "rl.flag."
+RL_FLAG_EVIDENCE_SUFFIX: Final = ".evidence"
+#: report counts: flagged trajectories per flag since the previous report
+#: (``rollout.sampling.flagged.<name>``)
+ROLLOUT_SAMPLING_FLAGGED_PREFIX: Final = "rollout.sampling.flagged."
+#: ``rl.reward.<component>`` = the component's score on the trajectory span (and
+#: ``rl.reward.<component>.label``): filterable in Weave, Jaeger and Phoenix
+RL_REWARD_PREFIX: Final = "rl.reward."
+RL_REWARD_LABEL_SUFFIX: Final = ".label"
+#: the GenAI evaluation event's explanation (free text) and the span it evaluates
+GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
+#: on a trajectory's evaluation event for a per-turn reward: the span id (16 hex) of the turn
+OTEL_VERL_EVALUATED_SPAN_ID: Final = "otel_verl.evaluation.span_id"
+
+
+def flag_key(name: str) -> str:
+    """``rl.flag.<name>``."""
+    return RL_FLAG_PREFIX + name
+
+
+def flag_evidence_key(name: str) -> str:
+    """``rl.flag.<name>.evidence``."""
+    return RL_FLAG_PREFIX + name + RL_FLAG_EVIDENCE_SUFFIX
+
 # --- live: in-flight records, stuck ops, stragglers (otel_verl._live, docs/live.md) -------------
 #: a short span per op that became stuck, sent while it is stuck (child of it, op start to now)
 IN_FLIGHT_SPAN: Final = "otel_verl.in_flight"
@@ -252,6 +281,7 @@ class SamplingReason:
     GROUP: Final = "group"
     ALL: Final = "all"
     OVERFLOW: Final = "overflow"
+    FLAG: Final = "flag"  # ``tail_keep=flags``: a detector flagged it (docs/signals.md)
 
 
 #: every reason, in report order

@@ -251,6 +251,14 @@ def _observe(trajectory: _Undecided, span: ReadableSpan) -> None:
         trajectory.truncated = True
 
 
+def _count_flags(ledger: _Ledger, step: _Step, attributes: Mapping[str, Any]) -> None:
+    """The detectors' flags on a trajectory span, for the step's report (``flagged.<name>``)."""
+    flags = attributes.get(semconv.RL_FLAGS)
+    if flags and not isinstance(flags, str):
+        for name in flags:
+            ledger.count(step, "flagged." + str(name), ran=False)
+
+
 def _view(trajectory: _Undecided) -> TrajectoryView:
     view = trajectory.view
     if view is None:  # not ended through _root_ended (cannot happen for a group member)
@@ -511,6 +519,7 @@ class TailSamplingProcessor(SpanProcessor):
         step = self._ledger.step(key)
         reason = attributes.get(semconv.ROLLOUT_SAMPLING_REASON) or SamplingReason.ALL
         self._ledger.count(step, "kept." + str(reason))
+        _count_flags(self._ledger, step, attributes)
         self._trajectory_ended(key, step, out)
 
     def _trajectory_ended(self, key: StepKey, step: _Step, out: list[ReadableSpan]) -> None:
@@ -548,6 +557,7 @@ class TailSamplingProcessor(SpanProcessor):
             _attributes(span), trajectory.group, trajectory.error, trajectory.truncated,
             trajectory.reward, trajectory.head_weight)
         step = self._ledger.step(trajectory.step)
+        _count_flags(self._ledger, step, _attributes(span))
         decision = _first(self._alone, trajectory.view, None, self._ledger.counts)
         if decision is not None and trajectory.verdict is None:
             self._buffer.keep(trajectory, decision, out)
@@ -690,6 +700,8 @@ def report_span(key: StepKey, counts: Mapping[str, int], context: SpanContext,
         reason = what[len("kept."):]
         if what.startswith("kept.") and reason not in semconv.SAMPLING_REASONS:
             attributes[semconv.ROLLOUT_SAMPLING_KEPT_PREFIX + reason] = number
+        elif what.startswith("flagged."):  # the detectors' flags (docs/signals.md)
+            attributes[semconv.ROLLOUT_SAMPLING_FLAGGED_PREFIX + what[len("flagged."):]] = number
     now = time.time_ns()
     return ReadableSpan(name=semconv.SAMPLING_REPORT_SPAN, context=context, resource=resource,
                         attributes=attributes, kind=SpanKind.INTERNAL, start_time=now,

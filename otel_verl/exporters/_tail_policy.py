@@ -7,7 +7,7 @@ buffered. The mechanism (``otel_verl.exporters._tail.TailSamplingProcessor``) bu
 asks the policies and applies what they decide: budget, export, counts, the report.
 
 The built-in rules of ``tail_keep`` are policies (``builtin_policies``): ``errors``,
-``truncated``, ``reward_outliers`` and ``groups``, in that order whatever order ``tail_keep``
+``truncated``, ``reward_outliers``, ``flags`` and ``groups``, in that order whatever order ``tail_keep``
 names them in. Your own go in ``TailSamplingProcessor(..., policies=[...])``, after the built-in
 rules of the same moment and before ``groups`` (so ``groups`` keeps the group of a trajectory
 your policy kept). docs/sampling.md shows two.
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from otel_verl._config import TAIL_RULES
-from otel_verl.semconv import SamplingReason
+from otel_verl.semconv import RL_FLAGS, SamplingReason
 
 StepKey = tuple[Any, Any, Any]  # (experiment, validate, step)
 GroupKey = tuple[Any, Any, Any, Any]  # (experiment, validate, step, sample_index)
@@ -210,6 +210,25 @@ def reward_outlier_policy(z: float) -> PolicyFunction:
     return keep_reward_outliers
 
 
+_KEEP_FLAGGED = KeepDecision(SamplingReason.FLAG)
+
+
+def _flagged(trajectory: TrajectoryView) -> bool:
+    return bool(trajectory.attributes.get(RL_FLAGS))
+
+
+def keep_flagged(trajectory: TrajectoryView, group: GroupView | None) -> KeepDecision | None:
+    """``flags``: a detector flagged it (``rl.flags``, otel_verl.exporters._detect), or a member
+    of its group (kept as ``group``): the flagged trajectory beside the ones it is compared to."""
+    if group is None:
+        return None
+    if _flagged(trajectory):
+        return _KEEP_FLAGGED
+    if any(_flagged(m) for m in group.members):
+        return _KEEP_GROUP
+    return None
+
+
 def keep_groups(trajectory: TrajectoryView, group: GroupView | None) -> KeepDecision | None:
     """``groups``: another rollout of its group was kept by a rule."""
     return _KEEP_GROUP if group is not None and group.kept_by_rule else None
@@ -221,6 +240,7 @@ _BUILTIN: dict[str, Callable[[float], TailPolicy]] = {
     "truncated": lambda z: TailPolicy("truncated", keep_truncated),
     "reward_outliers": lambda z: TailPolicy("reward_outliers", reward_outlier_policy(z),
                                             needs_group=True),
+    "flags": lambda z: TailPolicy("flags", keep_flagged, needs_group=True),
     "groups": lambda z: TailPolicy("groups", keep_groups, needs_group=True),
 }
 #: the built-in rules that come after the user's policies (they look at what the others kept)

@@ -1,0 +1,135 @@
+"""Rewards as GenAI evaluation results: span events always, log-based events when wired.
+
+A reward, or one of its components (correctness, format, a tool's reward), is a
+``gen_ai.evaluation.result``: a span event on the span it evaluates (Weave, Jaeger and every
+span-only backend read these), and, where a ``LoggerProvider`` is set (``set_logger_provider``;
+``otel_verl._provider`` sets one for ``backend=otlp`` when the SDK has the Logs API and the OTLP
+log exporter is installed), also a log record with ``event_name="gen_ai.evaluation.result"`` in
+that span's context (OTEP 4430: events move to logs; OpenTelemetry Python 1.44 dropped the
+Events API).
+
+Usage::
+
+    record_reward(1.2, name="verifier", components={
+        "correctness": 1.0, "format": {"score": 0.2, "label": "ok", "explanation": "#### found"}})
+    # inside a tool call: the tool's reward, on that turn's span and linked from the trajectory
+    record_reward_component("tool_reward", 0.1, turn=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace as otel_trace
+
+from otel_verl import _errors, semconv
+from otel_verl._state import TRAJECTORY
+
+__all__ = ["emit_evaluation", "evaluation_attributes", "record_components",
+           "record_reward_component", "set_logger_provider"]
+
+_LOGGER: list[Any] = [None]  # the logs API logger, None: span events only
+
+
+def set_logger_provider(provider: Any) -> None:
+    """Also emit evaluations as log-based events through ``provider`` (None: stop)."""
+    _LOGGER[0] = None if provider is None else provider.get_logger("otel_verl")
+
+
+def logger_provider_for(exporter: Any) -> Any:
+    """A ``LoggerProvider`` batching to ``exporter``, or None when the SDK has no Logs API."""
+    try:
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    except ImportError:
+        return None
+    provider = LoggerProvider()
+    provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+    return provider
+
+
+def evaluation_attributes(name: str, score: float | None, label: str | None = None,
+                          explanation: str | None = None) -> dict[str, Any]:
+    """The ``gen_ai.evaluation.*`` attributes of one result."""
+    attrs: dict[str, Any] = {semconv.GEN_AI_EVALUATION_NAME: str(name)}
+    if score is not None:
+        attrs[semconv.GEN_AI_EVALUATION_SCORE_VALUE] = float(score)
+    if label is not None:
+        attrs[semconv.GEN_AI_EVALUATION_SCORE_LABEL] = str(label)
+    if explanation is not None:
+        attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)[:1024]
+    return attrs
+
+
+def emit_evaluation(span: otel_trace.Span, attributes: Mapping[str, Any]) -> None:
+    """The result as an event on ``span`` and, when a logger is set, as a log-based event in
+    ``span``'s context (so a backend links it to the span it evaluates)."""
+    span.add_event(semconv.GEN_AI_EVALUATION_RESULT, dict(attributes))
+    logger = _LOGGER[0]
+    if logger is not None:
+        logger.emit(event_name=semconv.GEN_AI_EVALUATION_RESULT,
+                    context=otel_trace.set_span_in_context(span), attributes=dict(attributes))
+
+
+ComponentValue = float | Mapping[str, Any]
+
+
+def _component(name: str, value: ComponentValue) -> tuple[float | None, str | None, str | None]:
+    if isinstance(value, Mapping):
+        score = value.get("score")
+        label, explanation = value.get("label"), value.get("explanation")
+        return (None if score is None else float(score),
+                None if label is None else str(label),
+                None if explanation is None else str(explanation))
+    return float(value), None, None
+
+
+def record_components(span: otel_trace.Span, components: Mapping[str, ComponentValue]) -> None:
+    """Each component on the trajectory ``span``: an evaluation result and ``rl.reward.<name>``
+    (+ ``.label``) attributes (what Weave and Phoenix filter on)."""
+    for name, value in components.items():
+        score, label, explanation = _component(str(name), value)
+        _record(span, str(name), score, label, explanation, None)
+
+
+def _record(span: otel_trace.Span, name: str, score: float | None, label: str | None,
+            explanation: str | None, turn: otel_trace.Span | None) -> None:
+    attrs = evaluation_attributes(name, score, label, explanation)
+    target = turn if turn is not None else span
+    if score is not None:
+        target.set_attribute(semconv.RL_REWARD_PREFIX + name, score)
+    if label is not None:
+        target.set_attribute(semconv.RL_REWARD_PREFIX + name + semconv.RL_REWARD_LABEL_SUFFIX,
+                             label)
+    if turn is not None:  # on the turn that earned it, and linked from the trajectory
+        emit_evaluation(turn, attrs)
+        attrs = {**attrs, semconv.OTEL_VERL_EVALUATED_SPAN_ID:
+                 format(turn.get_span_context().span_id, "016x")}
+    emit_evaluation(span, attrs)
+
+
+def record_reward_component(name: str, score: float, *, label: str | None = None,
+                            explanation: str | None = None, turn: bool = False) -> None:
+    """One component of the current trajectory's reward (correctness, format, a tool's reward).
+
+    Args:
+        name: the component (``correctness``, ``format``, ``tool_use``, ...).
+        score: its score.
+        label: e.g. ``correct`` / ``format_error``.
+        explanation: why, in a sentence.
+        turn: the current span (a tool call, a model turn) earned it: the result goes on that
+            span too, and the trajectory's copy names it (``otel_verl.evaluation.span_id``).
+
+    Does nothing outside a recorded trajectory.
+    """
+    traj = TRAJECTORY.get()
+    if traj is None or traj.span is None or not traj.span.is_recording():
+        return
+    try:
+        current = otel_trace.get_current_span() if turn else None
+        if current is not None and (current is traj.span or not current.is_recording()):
+            current = None
+        _record(traj.span, str(name), float(score), label, explanation, current)
+    except Exception as exc:
+        _errors.internal_error(exc, "record_reward_component")
