@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from otel_verl import semconv
+from otel_verl.cli import main
 from otel_verl.integrations.verl import _agent_loop
 from otel_verl.integrations.verl import _parity as verl_parity
 from otel_verl.store import read_spans
@@ -124,6 +125,25 @@ def test_legacy_trainer_rollouts_pass_parity_and_carry_their_policy_version(tiny
     reports = check(spans, ContentIndex.load(trace_dir),
                     load_consumed(_write(rows, tmp_path / "bad.jsonl")))
     assert sorted(d.kind for r in reports for d in r.differences) == ["reward"]
+
+    # exported as data: Hugging Face datasets loads the JSONL and the Parquet; the token ids are
+    # the trainer's, the versions the server's
+    import datasets
+
+    assert main(["traces", "export", "--dir", str(trace_dir), "-o", str(tmp_path / "x.jsonl")]) == 0
+    assert main(["traces", "export", "--dir", str(trace_dir), "-o",
+                 str(tmp_path / "x.parquet")]) == 0
+    trained = {(r["sample_index"], r["rollout_n"]): r for r in _rows_of_dataproto(output, batch)}
+    for name, path in (("json", "x.jsonl"), ("parquet", "x.parquet")):
+        loaded = datasets.load_dataset(name, data_files=str(tmp_path / path), split="train")
+        assert len(loaded) == 4
+        for row in loaded:
+            want = trained[(row["sample_index"], row["rollout_n"])]
+            assert row["prompt_ids"] == want["prompt_ids"]
+            assert row["response_ids"] == want["response_ids"]
+            assert row["response_mask"] == want["response_mask"]
+            assert row["policy_versions"] == [STEP - 1, STEP - 1]
+            assert row["messages"][0]["role"] == "user"
 
 
 tq_module = pytest.importorskip("verl.trainer.ppo.v1.agent_loop_tq",
