@@ -22,8 +22,8 @@ What is reported (``Difference.kind``):
 - ``retokenized``: turn k+1's prompt does not extend turn k's prompt + response (inside the
   trace: the tokens the model sampled are not the tokens the next turn was given);
 - ``prompt`` / ``response``: the ids differ (which run: turn k's response, or the tokens inserted
-  after turn k); ``mask``: the masks differ (how many tokens); ``truncated``: the trainer holds
-  fewer response tokens than the trace;
+  after turn k); ``mask``: the masks differ (how many tokens). A response the trainer cut (verl
+  cuts it to ``response_length``) is compared over what it holds, and said in ``notes``;
 - ``reward``; ``turns`` (``rollout.num_turns``); ``policy_version`` (the trainer's record of the
   versions that sampled the trajectory is not the trace's); ``stale`` (staleness over a limit);
 - ``untraced``: the trajectory has no per-turn token content to compare; ``unmatched``: no
@@ -317,8 +317,16 @@ def compare(traced: TracedTrajectory, consumed: Mapping[str, Any] | None, *,
     conversation = traced.conversation()
     assert conversation is not None
     prompt, response, mask, labels = conversation
-    mine = summarize(prompt, response, mask)
     theirs_prompt, theirs_response = consumed.get("prompt") or {}, consumed.get("response") or {}
+    n_theirs = theirs_response.get("len")
+    if type(n_theirs) is int and n_theirs < len(response):
+        # the trainer cut the response (verl: to response_length): what it holds is compared
+        # with the same head of the trace's, token for token (the ids of the cut runs too)
+        report.notes.append(f"the trainer holds the first {n_theirs} of the {len(response)} "
+                            "response tokens the trace shows (a response cut to its length)")
+        response, mask = response[:n_theirs], mask[:n_theirs]
+        labels = labels[:len(mask_runs(mask))]
+    mine = summarize(prompt, response, mask)
     if theirs_prompt.get("id") != mine["prompt"]["id"]:
         diffs.append(Difference("prompt", f"prompt ids differ (traced {len(prompt)} tokens, "
                                 f"trained {theirs_prompt.get('len')})"))
@@ -346,11 +354,6 @@ def _compare_response(report: Report, mine: Mapping[str, Any], theirs: Mapping[s
             report.notes.append(f"{tail} tokens after the last turn (mask 0) are not in the "
                                 "trace: not compared")
         b = _cut_runs(b, n_mine)
-    elif n_theirs < n_mine:
-        diffs.append(Difference("truncated", f"the trainer holds {n_theirs} of the "
-                                f"{n_mine} response tokens the trace shows"))
-        a = _cut_runs(a, n_theirs)
-        labels = labels[:len(a)]
     runs_a = [(int(s[0]), int(s[1])) for s in a]
     runs_b = [(int(s[0]), int(s[1])) for s in b]
     if runs_a != runs_b:

@@ -110,7 +110,7 @@ def test_mask_runs_fast_path_matches_groupby(mask):
     assert mask_runs(mask) == slow
 
 
-def test_a_trailing_masked_out_tail_is_a_note_and_a_cut_response_is_truncated():
+def test_a_trailing_masked_out_tail_and_a_cut_response_are_notes_and_compared():
     prompt, turns = [1, 2], [([1, 2], [1, 2, 7, 8], 0)]
     traced = _traced(turns)
     tail = summarize(prompt, [7, 8, 9, 9], [1, 1, 0, 0], reward=1.0, num_turns=2,
@@ -118,7 +118,11 @@ def test_a_trailing_masked_out_tail_is_a_note_and_a_cut_response_is_truncated():
     report = compare(traced, tail)
     assert report.equal and "not in the trace" in report.notes[0]
     cut = summarize(prompt, [7], [1], reward=1.0, num_turns=2, min_version=0, max_version=0)
-    assert [d.kind for d in compare(traced, cut).differences] == ["truncated"]
+    report = compare(traced, cut)
+    assert report.equal and "the first 1 of the 2" in report.notes[0]
+    wrong_cut = summarize(prompt, [6], [1], reward=1.0, num_turns=2, min_version=0,
+                          max_version=0)  # a cut, and the token it keeps is not the trace's
+    assert [d.kind for d in compare(traced, wrong_cut).differences] == ["response"]
     masked_tail = summarize(prompt, [7, 8, 9], [1, 1, 1], reward=1.0, num_turns=2)
     assert [d.kind for d in compare(traced, masked_tail).differences] == ["mask"]
 
