@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import _errors, semconv
 from otel_verl._state import TRAJECTORY
@@ -133,3 +134,59 @@ def record_reward_component(name: str, score: float, *, label: str | None = None
         _record(traj.span, str(name), float(score), label, explanation, current)
     except Exception as exc:
         _errors.internal_error(exc, "record_reward_component")
+
+
+class _LogsLifecycle(SpanProcessor):
+    """Flushes and shuts down the evaluations' ``LoggerProvider`` with the tracer provider (a
+    span processor that does nothing with spans)."""
+
+    def __init__(self, logger_provider: Any) -> None:
+        self.logger_provider = logger_provider
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.logger_provider.force_flush(timeout_millis))
+
+    def shutdown(self) -> None:
+        if _LOGGER[0] is not None:
+            set_logger_provider(None)
+        self.logger_provider.shutdown()
+
+
+def otlp_logs(config: Any) -> _LogsLifecycle | None:
+    """``backend=otlp``: evaluations also as log-based events to the same collector (OTLP logs,
+    ``/v1/logs`` over HTTP), when the SDK has the Logs API and the OTLP log exporter is installed;
+    else None (span events only). Returns the processor to add to the tracer provider."""
+    exporter_class: Any
+    try:
+        if config.otlp_protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc import _log_exporter as grpc_logs
+
+            exporter_class = grpc_logs.OTLPLogExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http import _log_exporter as http_logs
+
+            exporter_class = http_logs.OTLPLogExporter
+    except ImportError:
+        return None
+    kwargs: dict[str, Any] = {}
+    if config.otlp_endpoint:
+        from otel_verl.exporters import _otlp_endpoint
+
+        endpoint, user, password = _otlp_endpoint.split_userinfo(config.otlp_endpoint)
+        if user is not None:  # credentials in the URL: the traces path handles them; not here
+            return None
+        kwargs["endpoint"] = endpoint if config.otlp_protocol == "grpc" else \
+            _otlp_endpoint.join_signal_path(endpoint, "/v1/logs")
+        if config.otlp_protocol == "grpc":
+            kwargs["insecure"] = not endpoint.startswith("https://")
+    provider = logger_provider_for(exporter_class(timeout=config.export_timeout_s, **kwargs))
+    if provider is None:
+        return None
+    set_logger_provider(provider)
+    return _LogsLifecycle(provider)

@@ -285,4 +285,10 @@ def build_provider(
         processor = FlaggingProcessor(processor, names,
                                       step_timeout_s=config.tail_group_timeout_s)
     provider.add_span_processor(processor)
+    if config.backend == "otlp":  # rewards also as log-based events (otel_verl._evaluations)
+        from otel_verl import _evaluations
+
+        logs = _evaluations.otlp_logs(config)
+        if logs is not None:
+            provider.add_span_processor(logs)
     return provider, exporter, processor

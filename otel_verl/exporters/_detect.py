@@ -599,7 +599,7 @@ class FlaggingProcessor(SpanProcessor):
             except Exception as exc:
                 _errors.internal_error(exc, "detect worker")
             self.counts["cpu_ns"] += time.thread_time_ns() - started
-            if item[0] == "flush":
+            if item[0] in ("flush", "sync"):
                 item[1].set()
 
     def _handle(self, item: tuple[Any, ...]) -> None:
@@ -704,11 +704,12 @@ class FlaggingProcessor(SpanProcessor):
         self.next.on_end(span)
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def _drain(self, timeout_s: float) -> bool:
+    def _drain(self, timeout_s: float, kind: str = "flush") -> bool:
+        """Wait until the worker handled what is queued (``flush``: and decided every step)."""
         if not self._thread.is_alive():
             return False
         done = threading.Event()
-        self._queue.put(("flush", done))
+        self._queue.put((kind, done))
         return done.wait(timeout_s)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
