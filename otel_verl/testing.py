@@ -13,6 +13,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,8 @@ def capture_spans(project_name: str = "test", experiment_name: str = "test",
         project_name / experiment_name: as in ``RolloutTraceConfig.init``.
         strict: re-raise otel_verl's own internal errors instead of logging them.
         **init_kwargs: more ``RolloutTraceConfig.init`` options (``token2text``, caps, ...).
+            Without ``trace_dir``, what tracing writes beside the trace (the content store)
+            goes to a temporary folder, removed afterwards, never into the working directory.
 
     Yields:
         The exporter; ``get_finished_spans()`` lists what was recorded.
@@ -40,12 +43,17 @@ def capture_spans(project_name: str = "test", experiment_name: str = "test",
     init_kwargs.setdefault("backend", "console")
     init_kwargs.setdefault("processor", "simple")
     old = _errors.set_strict(strict)
-    try:
-        RolloutTraceConfig.init(project_name, experiment_name, exporter=exporter, **init_kwargs)
-        yield exporter
-    finally:
-        RolloutTraceConfig.reset()
-        _errors.set_strict(old)
+    with contextlib.ExitStack() as stack:
+        if "trace_dir" not in init_kwargs:
+            init_kwargs["trace_dir"] = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="otel_verl_capture_"))
+        try:
+            RolloutTraceConfig.init(project_name, experiment_name, exporter=exporter,
+                                    **init_kwargs)
+            yield exporter
+        finally:
+            RolloutTraceConfig.reset()
+            _errors.set_strict(old)
 
 
 def spans_by_name(exporter: InMemorySpanExporter) -> dict[str, Any]:
