@@ -90,6 +90,7 @@ TREND_MIN_CHANGE = 0.05  # the least total rise of the reward and fall of correc
 FORMAT_COMPONENTS = ("format",)
 FORMAT_FAILURE_LABELS = frozenset(("no_answer", "format_error", "parse_error", "invalid_format"))
 CORRECTNESS_COMPONENTS = ("correctness", "correct", "accuracy")
+_PAUSE_S = 0.05  # the worker's pause between batches (wakes <= 20 times a second)
 _EVIDENCE_CHARS = 512  # an evidence JSON string is cut to this length
 _LLM_OPERATIONS = frozenset(("chat", "text_completion", "generate_content"))
 _LENGTH_FINISH = frozenset(semconv.TRUNCATING_FINISH_REASONS)
@@ -590,17 +591,23 @@ class FlaggingProcessor(SpanProcessor):
                 item = self._queue.get(timeout=1.0)
             except queue.Empty:
                 item = ("tick",)
-            if item[0] == "stop":
-                item[1].set()
-                return
             started = time.thread_time_ns()
-            try:
-                self._handle(item)
-            except Exception as exc:
-                _errors.internal_error(exc, "detect worker")
+            while True:  # what is queued, in one go; then a pause (few GIL hand-overs)
+                if item[0] == "stop":
+                    item[1].set()
+                    return
+                try:
+                    self._handle(item)
+                except Exception as exc:
+                    _errors.internal_error(exc, "detect worker")
+                if item[0] in ("flush", "sync"):
+                    item[1].set()
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
             self.counts["cpu_ns"] += time.thread_time_ns() - started
-            if item[0] in ("flush", "sync"):
-                item[1].set()
+            time.sleep(_PAUSE_S)
 
     def _handle(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
