@@ -256,16 +256,20 @@ def sdk_exporter(protocol: str, port: int):
     return Http(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=2)
 
 
-def direct_rate(protocol: str, port: int, requests: list[list]) -> float:
-    """Spans per second of the SDK's exporter sending ``requests`` itself, first to last."""
+Rate = tuple[float, float]  # (spans per second, this process's CPU µs per span)
+
+
+def direct_rate(protocol: str, port: int, requests: list[list]) -> Rate:
+    """The SDK's exporter sending ``requests`` itself, the first left out (a warm connection)."""
     exporter = sdk_exporter(protocol, port)
     try:
         assert exporter.export(requests[0]).name == "SUCCESS"
         count = sum(len(r) for r in requests[1:])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for request in requests[1:]:
             assert exporter.export(request).name == "SUCCESS"
-        return count / (time.perf_counter() - t0)
+        return (count / (time.perf_counter() - t0),
+                (time.process_time() - c0) / count * 1e6)
     finally:
         exporter.shutdown()
 
@@ -282,7 +286,7 @@ def durable_exporter(protocol: str, port: int, directory: Path):
                                retry_max_s=0.2, shutdown_timeout_s=0.5)
 
 
-def drained_rate(exporter, total: int, key: str = "delivered") -> float:
+def drained_rate(exporter, total: int, key: str = "delivered") -> Rate:
     """Spans per second from the first accepted request (seen by polling ``stats()``) to the
     last; the first request is left out as the direct rate leaves out its first."""
     deadline = time.monotonic() + 600
@@ -290,12 +294,13 @@ def drained_rate(exporter, total: int, key: str = "delivered") -> float:
         if time.monotonic() > deadline:
             raise RuntimeError("nothing was delivered")
         time.sleep(0.002)
-    t0, first = time.perf_counter(), exporter.stats()[key]
+    t0, c0, first = time.perf_counter(), time.process_time(), exporter.stats()[key]
     while exporter.stats()[key] < total:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{exporter.stats()[key]} of {total} delivered")
         time.sleep(0.005)
-    return (total - first) / (time.perf_counter() - t0)
+    count = total - first
+    return count / (time.perf_counter() - t0), (time.process_time() - c0) / count * 1e6
 
 
 def write_backlog(exporter, spans: list) -> None:
@@ -303,7 +308,7 @@ def write_backlog(exporter, spans: list) -> None:
         assert exporter.export(request).name == "SUCCESS"  # appends to the log
 
 
-def same_process_rate(protocol: str, port: int, spans: list) -> float:
+def same_process_rate(protocol: str, port: int, spans: list) -> Rate:
     directory = Path(tempfile.mkdtemp(prefix="bench_drain_same_"))
     exporter = durable_exporter(protocol, port, directory)
     try:
@@ -318,7 +323,7 @@ def same_process_rate(protocol: str, port: int, spans: list) -> float:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def next_process_rate(protocol: str, port: int, spans: list) -> float:
+def next_process_rate(protocol: str, port: int, spans: list) -> Rate:
     directory = Path(tempfile.mkdtemp(prefix="bench_drain_next_"))
     try:
         first = durable_exporter(protocol, port, directory)
@@ -356,23 +361,31 @@ def drain(rounds: int, count_2k: int, count_32k: int) -> None:
             port = free_port()
             rates: dict[str, list[float]] = {"sdk": [], "same": [], "next": []}
             ratios: dict[str, list[float]] = {"same": [], "next": []}
+            cpu: dict[str, list[float]] = {"sdk": [], "same": [], "next": []}
             for _ in range(rounds):
                 with ReceiverProcess(protocol, port):
                     sdk = direct_rate(protocol, port, requests)
                 same = same_process_rate(protocol, port, spans)
                 nxt = next_process_rate(protocol, port, spans)
                 for key, value in (("sdk", sdk), ("same", same), ("next", nxt)):
-                    rates[key].append(value)
-                ratios["same"].append(same / sdk)
-                ratios["next"].append(nxt / sdk)
+                    rates[key].append(value[0])
+                    cpu[key].append(value[1])
+                ratios["same"].append(same[0] / sdk[0])
+                ratios["next"].append(nxt[0] / sdk[0])
             med = {k: statistics.median(v) for k, v in rates.items()}
-            row = (f"| {protocol} | {size // 1024} KiB | {len(spans)} | {med['sdk']:,.0f} | "
-                   f"{med['same']:,.0f} | {statistics.median(ratios['same']):.2f}x | "
-                   f"{med['next']:,.0f} | {statistics.median(ratios['next']):.2f}x |")
+            mcpu = {k: statistics.median(v) for k, v in cpu.items()}
+            row = (f"| {protocol} | {size // 1024} KiB | {len(spans)} | {med['sdk']:,.0f} "
+                   f"({mcpu['sdk']:.0f} µs) | {med['same']:,.0f} ({mcpu['same']:.0f} µs) | "
+                   f"**{statistics.median(ratios['same']):.2f}x** "
+                   f"({min(ratios['same']):.2f}-{max(ratios['same']):.2f}) | "
+                   f"{med['next']:,.0f} ({mcpu['next']:.0f} µs) | "
+                   f"**{statistics.median(ratios['next']):.2f}x** "
+                   f"({min(ratios['next']):.2f}-{max(ratios['next']):.2f}) |")
             rows.append(row)
             print(row, flush=True)
-    print("\n| protocol | span | spans | SDK exporter, direct (spans/s) | same process | ratio | "
-          "next process | ratio |\n|---|---|---|---|---|---|---|---|")
+    print("\n| protocol | span | spans | SDK exporter, direct: spans/s (CPU/span) | same process "
+          "| rate ratio (rounds) | next process | rate ratio (rounds) |\n"
+          "|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
