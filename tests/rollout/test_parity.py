@@ -237,3 +237,18 @@ def test_summary_ids_are_the_trainers_token_content_ids():
                                                [1, 1, token_content_id([8])]]
     with pytest.raises(ValueError):
         summarize([1], [2, 3], [1])
+
+
+def test_set_policy_version_takes_an_int_or_none():
+    for bad in ("3", 3.0, True):
+        with pytest.raises(TypeError):
+            otel_verl.set_policy_version(bad)
+    otel_verl.set_policy_version(5)
+    assert _policy.policy_version() == 5
+    attrs: dict = {}
+    _policy.start_attributes(attrs)  # outside a trajectory: the call's span only
+    assert attrs == {semconv.RL_POLICY_VERSION: 5}
+    otel_verl.set_policy_version(None)
+    attrs = {}
+    _policy.start_attributes(attrs)
+    assert attrs == {}
