@@ -3,8 +3,9 @@
 An OpenTelemetry span is exported when it ends, so a hung tool call or engine request is invisible
 for as long as it hangs. ``LiveTracker`` (a span processor on otel_verl's provider, ``live=true``)
 keeps a per-process registry of the spans in flight: ``on_start`` inserts the span into a dict
-keyed by its span id, ``on_end`` removes it (O(1) on the loop; nothing is read or copied then). A
-background thread snapshots the registry every ``INTERVAL_S`` to
+keyed by its span id, ``on_end`` removes it and queues the span with its trajectory (O(1) on the
+loop: nothing is read or copied then; durations, dominant ops and step ends are worked out on the
+live thread). A background thread snapshots the registry every ``INTERVAL_S`` to
 ``<trace_dir>/live/<host>-<pid>.json`` (temp file + rename, with a heartbeat), reading each span's
 identity, op, kind, start time and engine request id from the span itself; the file is removed at
 clean shutdown, so a file whose heartbeat stopped belongs to a lost worker (crashed, SIGKILLed)
@@ -50,6 +51,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from otel_verl import _errors, semconv
 from otel_verl._fork import LiveInstances
 from otel_verl._hotpath import attribute_map
+from otel_verl._state import TRAJECTORY
 
 #: seconds between two snapshots (the heartbeat); a reader calls a worker lost after
 #: ``LOST_AFTER_INTERVALS`` of them without one
@@ -87,11 +89,15 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def _step_key(attrs: Mapping[str, Any]) -> StepKey:
+    return (attrs.get(semconv.ROLLOUT_EXPERIMENT_NAME), bool(attrs.get(semconv.ROLLOUT_VALIDATE)),
+            attrs.get(_STEP))
+
+
 class _StepTally:
-    __slots__ = ("done", "open")
+    __slots__ = ("done",)
 
     def __init__(self) -> None:
-        self.open = 0
         #: (start ns, end ns, sample, rollout, trace id, span id, {leaf op: seconds})
         self.done: list[tuple[int, int, Any, Any, int, int, dict[str, float]]] = []
 
@@ -128,11 +134,15 @@ class LiveTracker(SpanProcessor):
         self._durations: dict[tuple[Any, str], collections.deque[float]] = {}
         #: trajectory span id -> {leaf op name: seconds}
         self._leaf_time: dict[int, dict[str, float]] = {}
+        #: (span, its trajectory) as they ended, for the live thread
+        self._ended: collections.deque[tuple[ReadableSpan, Any]] = collections.deque()
         self._steps: dict[StepKey, _StepTally] = {}
         self._unsampled: dict[StepKey, list[int]] = {}
         self._pending_reports: list[tuple[StepKey, _StepTally]] = []
         self.reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=_REPORTS_KEPT)
         self._reported_stuck: set[int] = set()
+        #: spans that ended (accounted on the live thread)
+        self.ended_total = 0
         self._next_due = self.interval_s
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -148,67 +158,62 @@ class LiveTracker(SpanProcessor):
     # -- the loop's side: O(1) ----------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
         self._ops[span.context.span_id] = span
-        attrs = attribute_map(span)
-        if attrs.get(_TRAJ):
-            key = (attrs.get(semconv.ROLLOUT_EXPERIMENT_NAME),
-                   bool(attrs.get(semconv.ROLLOUT_VALIDATE)), attrs.get(_STEP))
-            with self._lock:
-                tally = self._steps.get(key)
-                if tally is None:
-                    tally = self._steps[key] = _StepTally()
-                tally.open += 1
 
     def on_end(self, span: ReadableSpan) -> None:
-        try:
-            span_id = span.context.span_id
-            self._ops.pop(span_id, None)
-            attrs = attribute_map(span)
-            if attrs.get(_TRAJ):
-                self._trajectory_ended(span, span_id, attrs)
-                return
-            start, end = span.start_time, span.end_time
-            if start is None or end is None:
-                return
-            seconds = (end - start) / 1e9
-            key = (attrs.get(_STEP), span.name)
-            kept = self._durations.get(key)
-            if kept is None:
-                kept = self._durations[key] = collections.deque(maxlen=_DURATIONS_KEPT)
-            kept.append(seconds)
-            if attrs.get(_KIND) in _LEAF_KINDS:
-                from otel_verl._state import TRAJECTORY
+        # everything else (durations, dominant ops, step ends) happens on the live thread
+        self._ops.pop(span.context.span_id, None)
+        self._ended.append((span, TRAJECTORY.get()))
 
-                traj = TRAJECTORY.get()
-                if traj is not None and traj.span is not None:
-                    totals = self._leaf_time.setdefault(traj.span.get_span_context().span_id, {})
-                    totals[span.name] = totals.get(span.name, 0.0) + seconds
-        except Exception as exc:
-            _errors.internal_error(exc, "live tracking on_end")
+    # -- the live thread: what ended since the last tick ------------------------------------------
+    def _account(self) -> None:
+        ended = self._ended
+        while ended:
+            span, traj = ended.popleft()
+            self.ended_total += 1
+            try:
+                self._account_one(span, traj)
+            except Exception as exc:
+                _errors.internal_error(exc, "live tracking: accounting an ended span")
+        self._close_steps()
+
+    def _account_one(self, span: ReadableSpan, traj: Any) -> None:
+        attrs = attribute_map(span)
+        start, end = span.start_time, span.end_time
+        if start is None or end is None:
+            return
+        seconds = (end - start) / 1e9
+        key = (attrs.get(_STEP), span.name)
+        kept = self._durations.get(key)
+        if kept is None:
+            kept = self._durations[key] = collections.deque(maxlen=_DURATIONS_KEPT)
+        kept.append(seconds)
+        if attrs.get(_TRAJ):
+            self._trajectory_ended(span, span.context.span_id, attrs)
+        elif attrs.get(_KIND) in _LEAF_KINDS and traj is not None and traj.span is not None:
+            totals = self._leaf_time.setdefault(traj.span.get_span_context().span_id, {})
+            totals[span.name] = totals.get(span.name, 0.0) + seconds
 
     def _trajectory_ended(self, span: ReadableSpan, span_id: int, attrs: Mapping[str, Any]) -> None:
-        leaf = self._leaf_time.pop(span_id, {})
-        key = (attrs.get(semconv.ROLLOUT_EXPERIMENT_NAME),
-               bool(attrs.get(semconv.ROLLOUT_VALIDATE)), attrs.get(_STEP))
-        start, end = span.start_time or 0, span.end_time or 0
-        seconds = (end - start) / 1e9
-        kept = self._durations.get((attrs.get(_STEP), span.name))
-        if kept is None:
-            kept = self._durations[(attrs.get(_STEP), span.name)] = collections.deque(
-                maxlen=_DURATIONS_KEPT)
-        kept.append(seconds)
-        with self._lock:
-            tally = self._steps.get(key)
-            if tally is None:
-                return
-            tally.open -= 1
-            tally.done.append((start, end, attrs.get(semconv.ROLLOUT_SAMPLE_INDEX),
-                               attrs.get(semconv.ROLLOUT_ROLLOUT_N), span.context.trace_id,
-                               span_id, leaf))
-            if tally.open > 0:
-                return
-            del self._steps[key]
-            self._pending_reports.append((key, tally))
-        self._wake.set()
+        key = _step_key(attrs)
+        tally = self._steps.get(key)
+        if tally is None:
+            tally = self._steps[key] = _StepTally()
+        tally.done.append((span.start_time or 0, span.end_time or 0,
+                           attrs.get(semconv.ROLLOUT_SAMPLE_INDEX),
+                           attrs.get(semconv.ROLLOUT_ROLLOUT_N), span.context.trace_id, span_id,
+                           self._leaf_time.pop(span_id, {})))
+
+    def _close_steps(self) -> None:
+        """A step with ended trajectories and none left in flight here is reported."""
+        if not self._steps:
+            return
+        open_steps = set()
+        for span in list(self._ops.values()):
+            attrs = attribute_map(span)
+            if attrs.get(_TRAJ):
+                open_steps.add(_step_key(attrs))
+        for key in [k for k in self._steps if k not in open_steps]:
+            self._pending_reports.append((key, self._steps.pop(key)))
 
     def unsampled_started(self, step: Any, validate: bool) -> None:
         """An unsampled trajectory started (numbers only)."""
@@ -363,8 +368,8 @@ class LiveTracker(SpanProcessor):
         span.end()
 
     def _send_reports(self) -> None:
-        with self._lock:
-            due, self._pending_reports = self._pending_reports, []
+        self._account()
+        due, self._pending_reports = self._pending_reports, []
         for key, tally in due:
             report = straggler_report(key, tally.done)
             if report is None:
