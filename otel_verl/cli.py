@@ -2,7 +2,7 @@
 
 Usage::
 
-    otel-verl traces list [--dir D] [--step N] [--sample-index N] [--rollout-n N]
+    otel-verl traces list [--dir D] [--step N] [--sample-index N] [--rollout-n N] [--flag NAME]
                           [--experiment NAME] [--validate | --no-validate] [--json]
     otel-verl traces show TRACE_ID_PREFIX [--dir D] [--json] [--full]
     otel-verl traces compare TRACE_A TRACE_B [--dir D] [--json] [--full] [--differences-only]
@@ -376,6 +376,11 @@ def _lake_list(args: argparse.Namespace, lake: Any) -> int:
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
+    flag = getattr(args, "flag", None)
+    if flag:  # a detector's flag on the trajectory span (docs/signals.md)
+        clauses.append("trace_id || ':' || span_id IN (SELECT TraceId || ':' || SpanId FROM "
+                       "spans WHERE is_trajectory AND len(map_extract(SpanAttributes, ?)) > 0)")
+        params.append(semconv.flag_key(flag))
     if args.steps:
         steps = [s for s in lake.steps(args.experiment)
                  if (args.validate is None or bool(s["validate"]) == args.validate)
@@ -511,6 +516,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         experiment=args.experiment,
         validate=args.validate,
     )
+    if getattr(args, "flag", None):
+        selected = [t for t in selected if t.attribute(semconv.flag_key(args.flag))]
     out = sys.stdout
     if args.steps:
         return _print_steps(args, selected, reports, out)
@@ -937,6 +944,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="only validation (--validate) or only training (--no-validate) trajectories",
     )
+    list_p.add_argument("--flag", metavar="NAME",
+                        help="only trajectories a detector flagged NAME (rl.flag.NAME, e.g. "
+                             "length_cap; docs/signals.md)")
     list_p.add_argument(
         "--steps", action="store_true",
         help="one row per step: counts per sampling reason and statistics weighted by "

@@ -374,6 +374,7 @@ class Lake:
         self._raw: pa.Table = Columns().table()
         self._excluded: set[str] = set()
         self._exclusion = ""
+        self._views_pending: tuple[list[str], list[str], set[str]] | None = None
         self._steps_ready = False
         self._traces_index: str | None = None
         self.state = LakeState()
@@ -452,7 +453,7 @@ class Lake:
             payloads = [os.path.join(self.lake_dir, s) for s in manifest.payloads]
             self._segments = segments
             state.segments = len(segments)
-            create_views(con, segments, payloads, excluded)
+            self._views_pending = (segments, payloads, excluded)
             self._exclusion = (f" AND source NOT IN ({', '.join(_q(s) for s in sorted(excluded))})"
                                if excluded else "")
             cache = cache_path(self.lake_dir, manifest.runs)
@@ -477,9 +478,11 @@ class Lake:
                     con.execute(f"CREATE OR REPLACE VIEW trajectories AS SELECT * FROM {cached}")
                     con.execute(f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {cached_steps}")
                 else:
+                    self._ensure_views()
                     self._touched(con, cached, cached_steps)
                 state.cached = True
             else:
+                self._ensure_views()
                 _drop(con, "trajectories")
                 con.execute(f"CREATE OR REPLACE TABLE trajectories AS {trajectories_sql()}")
                 con.execute("CREATE OR REPLACE VIEW reports AS SELECT TraceId, SpanId, experiment, "
@@ -494,18 +497,29 @@ class Lake:
             self.state = state
             return state
 
+    def _ensure_views(self) -> None:
+        """``segment_spans`` / ``spans`` / ``payloads``, created on first use (binding them
+        reads every segment's footer: an overview of a compacted store needs none of them)."""
+        pending, self._views_pending = self._views_pending, None
+        if pending is not None:
+            create_views(self.connection, *pending)
+
     # --- queries ------------------------------------------------------------------------------
 
     def sql(self, query: str, params: list[Any] | None = None) -> duckdb.DuckDBPyRelation:
         """Any SQL over ``spans``, ``payloads``, ``trajectories`` and ``steps``; a DuckDB
         relation (``.fetchall()``, ``.arrow()``, ``.df()``, ``.pl()``)."""
         with self._lock:
+            self._ensure_views()
             return self.connection.sql(query, params=params or None)
 
-    def rows(self, query: str, params: list[Any] | dict[str, Any] | None = None
-             ) -> list[dict[str, Any]]:
-        """The rows of a query as dicts."""
+    def rows(self, query: str, params: list[Any] | dict[str, Any] | None = None, *,
+             spans: bool = True) -> list[dict[str, Any]]:
+        """The rows of a query as dicts (``spans=False``: the query reads none of ``spans``,
+        ``segment_spans``, ``payloads``)."""
         with self._lock:
+            if spans:
+                self._ensure_views()
             cursor = self.connection.execute(query, params or [])
             names = [d[0] for d in cursor.description or ()]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -517,10 +531,12 @@ class Lake:
             else ("", [])
         with self._lock:
             if not self._steps_ready:
+                if self._views_pending is not None and not self.state.cached:
+                    self._ensure_views()
                 self.connection.execute("CREATE OR REPLACE TABLE steps_table AS "
                                         "SELECT * FROM steps")
                 self._steps_ready = True
-            out = self.rows(f"SELECT * FROM steps_table {where}", params)
+            out = self.rows(f"SELECT * FROM steps_table {where}", params, spans=False)
         for row in out:
             mean, mean_sq = row["reward_mean"], row.pop("reward_mean_sq")
             row["reward_std"] = (math.sqrt(max(mean_sq - mean * mean, 0.0))
@@ -550,7 +566,7 @@ class Lake:
         """The workers' ``otel_verl.sampling_report`` counts summed per step."""
         totals: dict[tuple[Any, Any, Any], dict[str, int]] = {}
         for row in self.rows("SELECT DISTINCT ON (TraceId, SpanId) experiment, validate, step, "
-                             "report_counts FROM reports"):
+                             "report_counts FROM reports", spans=not self.state.cached):
             exp, validate, step, counts = row.values()
             into = totals.setdefault((exp, validate, step), {})
             for name, value in (counts or {}).items():
@@ -605,11 +621,12 @@ class Lake:
         if order not in TRAJECTORY_ORDER:
             order = "start_ns"
         direction = "DESC" if descending else "ASC"
-        total = self.rows(f"SELECT count(*) AS n FROM trajectories {where}", params)
+        total = self.rows(f"SELECT count(*) AS n FROM trajectories {where}", params,
+                          spans=not self.state.cached)
         page = "" if limit is None else f" LIMIT {max(0, int(limit))} OFFSET {max(0, int(offset))}"
         rows = self.rows(
             f"SELECT * FROM trajectories {where} ORDER BY {order} {direction} NULLS LAST, "
-            f"step, sample_index, rollout_n, key{page}", params)
+            f"step, sample_index, rollout_n, key{page}", params, spans=not self.state.cached)
         return {"total": total[0]["n"], "rows": rows}
 
     @staticmethod
@@ -736,6 +753,7 @@ class Lake:
                   ) -> Iterator[dict[str, Any]]:
         """The rows of a large query as dicts, fetched in batches."""
         with self._lock:
+            self._ensure_views()
             cursor = self.connection.execute(query, params or [])
             names = [d[0] for d in cursor.description or ()]
             while chunk := cursor.fetchmany(batch):
@@ -744,4 +762,5 @@ class Lake:
     def arrow(self, query: str) -> pa.Table:
         """A query's result as an Arrow table."""
         with self._lock:
+            self._ensure_views()
             return self.connection.sql(query).arrow()
