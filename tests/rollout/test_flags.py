@@ -295,3 +295,23 @@ def test_tail_keep_flags_keeps_flagged_trajectories_and_their_groups(tmp_path):
             expected[name] = expected.get(name, 0) + 1
     assert counted == expected and counted["degenerate_group"] == 2 * GROUP
     assert sum(r[semconv.ROLLOUT_SAMPLING_RAN] for r in reports) == len(plans)
+
+
+def test_traces_list_flag_lists_the_flagged_trajectories(tmp_path, capsys, monkeypatch):
+    from otel_verl import cli
+
+    plans = _workload(steps=1, groups=6, planted=True, seed=2)
+    spans = _run(tmp_path, plans, detect_flags="all", group_size=GROUP)
+    found = _trajectories(spans)
+    for name in ("length_cap", "degenerate_group", "tool_error_streak"):
+        expected = sorted(c for c, a in found.items() if a.get(semconv.flag_key(name)))
+        assert expected
+        for lake in (True, False):  # through the query layer, and the trajectory model
+            if not lake:
+                monkeypatch.setattr(cli, "_open_lake", lambda args: None)
+            assert cli.main(["traces", "list", "--dir", str(tmp_path), "--flag", name,
+                             "--json"]) == 0
+            rows = json.loads(capsys.readouterr().out)
+            listed = sorted(f"{r['step']}-{r['sample_index']}-{r['rollout_n']}" for r in rows)
+            assert listed == expected, (name, lake)
+        monkeypatch.undo()
