@@ -113,7 +113,8 @@ def test_llm_spans_carry_messages_and_token_counts(rollout: Rollout, phoenix: Ph
         spans = [e["node"] for e in root["trace"]["spans"]["edges"]]
         llm = [s for s in spans if s["spanKind"] == "llm"]
         prompt = completion = 0
-        for span in llm:
+        conversation: list[dict] = []  # each turn's messages hold what it appends (per-turn capture)
+        for span in sorted(llm, key=lambda s: s["tokenCountPrompt"]):
             attrs = json.loads(span["attributes"])
             usage = attrs["gen_ai"]["usage"]
             # Phoenix's own token columns, from the GenAI usage attributes
@@ -121,18 +122,21 @@ def test_llm_spans_carry_messages_and_token_counts(rollout: Rollout, phoenix: Ph
             assert span["tokenCountCompletion"] == usage["output_tokens"] > 0
             prompt += usage["input_tokens"]
             completion += usage["output_tokens"]
-            # gen_ai.input.messages became Phoenix's chat messages
-            first = attrs["llm"]["input_messages"][0]["message"]
-            assert (first["role"], first["content"]) == ("user", t.prompt)
+            # gen_ai.input.messages became Phoenix's chat messages: the first turn's whole
+            # prompt, later turns what they append to the messages their base holds
+            content = attrs["otel_verl"]["content"]
+            assert content.get("messages_base_len", 0) == len(conversation)
+            conversation += [m["message"] for m in attrs["llm"]["input_messages"]]
+            assert content["messages_len"] == len(conversation)
             assert attrs["llm"]["output_messages"][0]["message"]["role"] == "assistant"
+        first = conversation[0]
+        assert (first["role"], first["content"]) == ("user", t.prompt)
         assert root["cumulativeTokenCountPrompt"] == prompt
         assert root["cumulativeTokenCountCompletion"] == completion
         if t.tool_calls:  # the last turn saw the tool call and its result as messages
-            last = max(llm, key=lambda s: s["tokenCountPrompt"])
-            messages = [m["message"] for m in
-                        json.loads(last["attributes"])["llm"]["input_messages"]]
-            assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
-            assert messages[1]["tool_calls"][0]["tool_call"]["function"]["name"] == "calculator"
+            assert [m["role"] for m in conversation] == ["user", "assistant", "tool"]
+            assert conversation[1]["tool_calls"][0]["tool_call"]["function"]["name"] == \
+                "calculator"
 
 
 def test_tool_and_evaluator_spans(rollout: Rollout, phoenix: PhoenixServer):
