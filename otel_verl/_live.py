@@ -23,7 +23,8 @@ Also here:
 - **Unsampled trajectories** (``trace=False``) are counted per step, numbers only
   (``unsampled_started``/``unsampled_ended``, called by ``rollout_trace_attr``).
 - **Straggler report.** When the last trajectory of a step in flight in this process ends, an
-  ``otel_verl.straggler_report`` root span names the slowest trajectories, the op that dominated
+  ``otel_verl.straggler_report`` span (a child of the slowest trajectory, at the step's end, so no
+  reader takes it for a trajectory) names the slowest trajectories, the op that dominated
   each (the largest total time among its LLM/tool/... leaf ops) and how long the step waited on
   its tail (the last end minus the end of the trajectory that completed 90 % of the step; with
   fewer than 10, all but the slowest). Built and sent on the live thread, never on the loop.
@@ -499,9 +500,21 @@ def _send_report(tracer: otel_trace.Tracer, report: Mapping[str, Any], worker: s
     first = report["slowest"][0] if report["slowest"] else None
     if first is not None and first["dominant_op"] is not None:
         attrs[semconv.OTEL_VERL_STRAGGLER_DOMINANT_OP] = first["dominant_op"]
-    span = tracer.start_span(semconv.STRAGGLER_REPORT_SPAN, context=otel_context.Context(),
-                             start_time=int(report["start"] * 1e9), attributes=attrs)
-    span.end(end_time=int(report["end"] * 1e9))
+    # a child of the slowest trajectory (its trace, its attributes), at the step's end: every
+    # reader and backend shows it inside the straggler, none takes it for a trajectory of its own
+    context = otel_context.Context()
+    if first is not None:
+        attrs[semconv.ROLLOUT_SAMPLE_INDEX] = first["sample_index"]
+        if first["rollout_n"] is not None:
+            attrs[semconv.ROLLOUT_ROLLOUT_N] = first["rollout_n"]
+        parent = NonRecordingSpan(SpanContext(int(first["trace_id"], 16),
+                                              int(first["span_id"], 16), False,
+                                              TraceFlags(TraceFlags.SAMPLED)))
+        context = otel_trace.set_span_in_context(parent)
+    end = int(report["end"] * 1e9)
+    span = tracer.start_span(semconv.STRAGGLER_REPORT_SPAN, context=context, start_time=end,
+                             attributes={k: v for k, v in attrs.items() if v is not None})
+    span.end(end_time=end)
 
 
 def _reset_in_child(tracker: LiveTracker) -> None:

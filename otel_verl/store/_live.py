@@ -143,11 +143,12 @@ def _step_row(key: tuple[Any, Any, Any]) -> dict[str, Any]:
 
 
 def straggler_reports(spans: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The ``otel_verl.straggler_report`` spans of a store's spans, as reports (newest first)."""
+    """The ``otel_verl.straggler_report`` spans of a store's spans, as reports (newest first);
+    each is a child of its step's slowest trajectory."""
     out = []
     seen = set()
     for span in spans:
-        if span.get("name") != semconv.STRAGGLER_REPORT_SPAN or span.get("parent_span_id"):
+        if span.get("name") != semconv.STRAGGLER_REPORT_SPAN:
             continue
         ident = (span.get("trace_id"), span.get("span_id"))
         if ident in seen:

@@ -217,3 +217,10 @@ def test_straggler_report_names_the_planted_straggler_and_its_dominant_op(tmp_pa
     assert slowest["dominant_op"] in tool_ops
     assert report["dominant_op"] == slowest["dominant_op"]
     assert report["tail_wait_s"] > 0  # the step waited on its one straggler
+    # the report is inside the straggler's trace (no reader takes it for a trajectory)
+    from otel_verl.store import group_trajectories
+
+    trajectories = group_trajectories(spans)
+    assert len(trajectories) == 5
+    [span] = [s for s in spans if s["name"] == semconv.STRAGGLER_REPORT_SPAN]
+    assert span["parent_span_id"] == slowest["span_id"]
