@@ -87,7 +87,7 @@ def _component(name: str, value: ComponentValue) -> tuple[float | None, str | No
 
 
 def record_components(span: otel_trace.Span, components: Mapping[str, ComponentValue]) -> None:
-    """Each component on the trajectory ``span``: an evaluation result and ``rl.reward.<name>``
+    """Each component on the trajectory ``span``: an evaluation result and ``rollout.reward.<name>``
     (+ ``.label``) attributes (what Weave and Phoenix filter on)."""
     for name, value in components.items():
         score, label, explanation = _component(str(name), value)

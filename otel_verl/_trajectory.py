@@ -289,7 +289,7 @@ def record_reward(score: float, *, name: str = "reward", label: str | None = Non
 
     Also emits a ``gen_ai.evaluation.result`` event there (and a log-based event where wired,
     ``otel_verl._evaluations``). ``components``: name -> score, or -> ``{"score", "label",
-    "explanation"}``, each its own evaluation result and ``rl.reward.<name>`` attribute. Does
+    "explanation"}``, each its own evaluation result and ``rollout.reward.<name>`` attribute. Does
     nothing outside a recorded trajectory.
     """
     traj = TRAJECTORY.get()

@@ -226,9 +226,10 @@ RL_FLAG_EVIDENCE_SUFFIX: Final = ".evidence"
 #: report counts: flagged trajectories per flag since the previous report
 #: (``rollout.sampling.flagged.<name>``)
 ROLLOUT_SAMPLING_FLAGGED_PREFIX: Final = "rollout.sampling.flagged."
-#: ``rl.reward.<component>`` = the component's score on the trajectory span (and
-#: ``rl.reward.<component>.label``): filterable in Weave, Jaeger and Phoenix
-RL_REWARD_PREFIX: Final = "rl.reward."
+#: ``rollout.reward.<component>`` = the component's score on the trajectory span (and
+#: ``rollout.reward.<component>.label``): the lake's ``reward_components``, Weave's
+#: ``attributes.reward.<component>``, filterable in Jaeger and Phoenix
+RL_REWARD_PREFIX: Final = ROLLOUT_REWARD + "."
 RL_REWARD_LABEL_SUFFIX: Final = ".label"
 #: the GenAI evaluation event's explanation (free text) and the span it evaluates
 GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
@@ -244,6 +245,7 @@ def flag_key(name: str) -> str:
 def flag_evidence_key(name: str) -> str:
     """``rl.flag.<name>.evidence``."""
     return RL_FLAG_PREFIX + name + RL_FLAG_EVIDENCE_SUFFIX
+
 
 # --- live: in-flight records, stuck ops, stragglers (otel_verl._live, docs/live.md) -------------
 #: a short span per op that became stuck, sent while it is stuck (child of it, op start to now)
