@@ -92,7 +92,7 @@ def _worker(data: Mapping[str, Any], now: float) -> dict[str, Any]:
             if traj is not None:
                 traj["stuck"] = True
                 traj.setdefault("stuck_op", op.get("name"))
-    ops.sort(key=lambda o: (not o["stuck"], -o["elapsed_s"]))
+    ops.sort(key=_board_order)
     return {"worker": worker, "host": data.get("host"), "pid": data.get("pid"), "lost": lost,
             "heartbeat": heartbeat, "heartbeat_age_s": round(age, 3), "interval_s": interval,
             "ops": ops, "stuck": sum(1 for o in ops if o["stuck"]),
@@ -102,10 +102,17 @@ def _worker(data: Mapping[str, Any], now: float) -> dict[str, Any]:
                                   if isinstance(r, Mapping)]}
 
 
+def _board_order(op: Mapping[str, Any]) -> tuple[bool, bool, bool, float]:
+    """Stuck first, the op that waits (nothing in flight below it) before its callers, then the
+    longest running."""
+    return (not op["stuck"], op.get("waiting_on") is not None, bool(op.get("trajectory")),
+            -op["elapsed_s"])
+
+
 def live_ops(trace_dir: str, now: float | None = None) -> list[dict[str, Any]]:
     """One record per op in flight over all workers (lost ones included), stuck first."""
     ops = [op for w in live_workers(trace_dir, now)["workers"] for op in w["ops"]]
-    ops.sort(key=lambda o: (not o["stuck"], not o["lost"], -o["elapsed_s"]))
+    ops.sort(key=_board_order)
     return ops
 
 
@@ -129,7 +136,7 @@ def live_board(trace_dir: str, now: float | None = None) -> dict[str, Any]:
     reports = [r for w in view["workers"] for r in w["straggler_reports"]]
     reports.sort(key=lambda r: _number(r.get("end"), 0.0), reverse=True)
     ops = [op for w in view["workers"] for op in w["ops"]]
-    ops.sort(key=lambda o: (not o["stuck"], not o["lost"], -o["elapsed_s"]))
+    ops.sort(key=_board_order)
     return {"now": view["now"], "unreadable": view["unreadable"],
             "workers": [{k: v for k, v in w.items() if k not in ("ops", "straggler_reports")}
                         for w in view["workers"]],

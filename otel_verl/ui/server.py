@@ -157,6 +157,10 @@ def api(index: Source, route: str, query: dict[str, str]) -> Any:
     if route == "group":
         return group_view(index, experiment, _int(query, "step"), _int(query, "sample_index"),
                           _bool(query, "validate"))
+    if route == "live":  # the workers' live files (docs/live.md), not the index
+        from otel_verl.store._live import live_board
+
+        return live_board(index.trace_dir)
     if route == "prompt":
         sample = _int(query, "sample_index")
         return None if sample is None else prompt_view(index, experiment, sample,

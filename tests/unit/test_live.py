@@ -102,3 +102,21 @@ def test_reader_survives_any_live_file(tmp_path_factory, data, raw):
     assert len(view["workers"]) + view["unreadable"] == 2
     live_board(str(directory))
     live_ops(str(directory))
+
+
+def test_viewer_api_answers_the_live_board(tmp_path):
+    """``/api/live`` (the viewer's Live board) reads the live files of the store's directory."""
+    from types import SimpleNamespace
+
+    from otel_verl.ui.server import api
+
+    RolloutTraceConfig.init("proj", "exp", "file", trace_dir=str(tmp_path), live=True)
+    try:
+        with rollout_trace_attr(step=3, sample_index=7, rollout_n=0):
+            STATE.runtime.live.tick()
+            board = api(SimpleNamespace(trace_dir=str(tmp_path)), "live", {})
+    finally:
+        RolloutTraceConfig.shutdown(5.0)
+    assert [(o["step"], o["sample_index"], o["trajectory"]) for o in board["ops"]] == \
+        [(3, 7, True)]
+    assert [(s["step"], s["traced"]) for s in board["steps"]] == [(3, 1)]

@@ -191,7 +191,8 @@
   let meta = null;
   function header() {
     const route = parseHash().name;
-    const nav = [['overview', 'Overview'], ['trajectories', 'Trajectories'], ['compare', 'Compare']]
+    const nav = [['overview', 'Overview'], ['trajectories', 'Trajectories'], ['compare', 'Compare'],
+      ['live', 'Live']]
       .map(([name, text]) => link(href(name), text, {class: route === name ? 'active' : ''}));
     const live = REPORT ? h('span', Object.assign({class: 'live muted'}, testid('report-note')),
       'offline report · ' + (REPORT.meta.generated || ''))
@@ -781,8 +782,65 @@
       h('p', testid('compare-count'), `${differ} of ${n} messages differ`), grid);
   }
 
+  // ---------------------------------------------------------------------------------------------
+  // live board (docs/live.md): what runs now, from the workers' live files; stuck first, lost
+  // workers shown with what they had in flight; refreshed every second while shown
+  async function viewLive(main) {
+    main.append(h('h2', {}, 'Live'));
+    if (REPORT) {
+      main.append(h('p', {class: 'muted'}, 'the live board needs the viewer (otel-verl ui)'));
+      return;
+    }
+    const board = await api('live');
+    const ops = board.ops.filter((o) => !o.trajectory);
+    const stuck = board.ops.filter((o) => o.stuck && !o.trajectory).length;
+    const lost = board.workers.filter((w) => w.lost).length;
+    main.append(h('p', testid('live-summary'),
+      `${board.workers.length} worker(s)${lost ? ` (${lost} lost)` : ''} · ` +
+      `${board.ops.filter((o) => o.trajectory).length} trajectories and ${ops.length} ops in ` +
+      `flight · ${stuck} stuck`));
+    const cell = (v) => h('td', {}, v === null || v === undefined ? '—' : String(v));
+    main.append(h('h3', {}, 'In flight per step'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-steps')),
+      h('tr', {}, ['step', 'experiment', 'traced', 'unsampled', 'stuck'].map((t) => h('th', {}, t))),
+      board.steps.map((s) => h('tr', {}, cell(s.step), cell(s.experiment), cell(s.traced),
+        cell(s.unsampled), cell(s.stuck))))));
+    main.append(h('h3', {}, 'Ops in flight (stuck first)'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-ops')),
+      h('tr', {}, ['', 'worker', 'step', 'sample', 'n', 'op', 'kind', 'elapsed', 'waits on',
+        'request'].map((t) => h('th', {}, t))),
+      board.ops.map((o) => h('tr', Object.assign({class: o.stuck ? 'stuck' : ''},
+        testid(o.stuck ? 'live-stuck' : 'live-op')),
+        h('td', {}, o.stuck ? h('strong', {class: 'error'}, 'STUCK') : '',
+          o.lost ? h('strong', {class: 'error'}, ' LOST') : ''),
+        cell(o.worker), cell(o.step), cell(o.sample_index), cell(o.rollout_n),
+        h('td', {}, o.trajectory ? h('em', {}, o.name) : o.name), cell(o.kind),
+        cell(o.elapsed_s.toFixed(1) + ' s'), cell(o.waiting_on ? o.waiting_on.name : null),
+        cell(o.request_id))))));
+    main.append(h('h3', {}, 'Workers'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-workers')),
+      h('tr', {}, ['worker', 'state', 'heartbeat', 'trajectories', 'stuck'].map((t) => h('th', {}, t))),
+      board.workers.map((w) => h('tr', {}, cell(w.worker),
+        h('td', {}, w.lost ? h('strong', {class: 'error'}, 'lost') : 'live'),
+        cell(w.heartbeat_age_s.toFixed(1) + ' s ago'), cell(w.trajectories), cell(w.stuck))))));
+    if (board.straggler_reports.length) {
+      main.append(h('h3', {}, 'Straggler reports'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-stragglers')),
+        h('tr', {}, ['step', 'trajectories', 'median', 'tail wait', 'slowest', 'dominant op']
+          .map((t) => h('th', {}, t))),
+        board.straggler_reports.map((r) => {
+          const first = r.slowest[0] || {};
+          return h('tr', {}, cell(r.step), cell(r.trajectories), cell(r.median_s.toFixed(2) + ' s'),
+            cell(r.tail_wait_s.toFixed(2) + ' s'),
+            cell(`sample ${first.sample_index} (${(first.duration_s || 0).toFixed(2)} s)`),
+            cell(first.dominant_op));
+        }))));
+    }
+    const shown = location.hash;
+    setTimeout(() => {
+      if (location.hash === shown && parseHash().name === 'live') render();
+    }, 1000);
+  }
+
   const VIEWS = {overview: viewOverview, trajectories: viewTrajectories,
-    trajectory: viewTrajectory, group: viewGroup, prompt: viewPrompt, compare: viewCompare};
+    trajectory: viewTrajectory, group: viewGroup, prompt: viewPrompt, compare: viewCompare,
+    live: viewLive};
 
   window.addEventListener('hashchange', render);
   render();

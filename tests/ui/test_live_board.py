@@ -1,0 +1,138 @@
+"""The Live board (issue 20, docs/live.md) in real Chromium: a tool stuck inside the project's agent
+loop shows on the board, stuck and first, with its trajectory and op, within 2 s of its threshold;
+once it finishes the board drops it by itself (it refreshes every second). Screenshot:
+docs/img/ui-live.png (and the artifacts folder).
+
+The store is this test's own: ``ToolAgentLoop`` -> ``VLLMCompletionsClient`` -> HTTP -> a stub
+engine, the file backend with ``live=true``, rollouts on an event loop in a thread of this process;
+the viewer is ``otel-verl ui`` in a subprocess reading the same directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from uihelpers import ROOT, UIProcess, goto, shot
+
+from otel_verl import RolloutTraceConfig, rollout_trace_attr
+from otel_verl.rollout.agent_loop import ToolAgentLoop
+from otel_verl.rollout.clients import VLLMCompletionsClient
+from otel_verl.rollout.reward import Gsm8kReward
+from otel_verl.rollout.tools import CalculatorTool, ToolResponse
+
+sys.path.insert(0, str(ROOT / "tests" / "rollout"))
+from _scripted import CharTokenizer  # noqa: E402
+
+THRESHOLD_S = 1.0
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
+ANSWER = "The answer is #### 84"
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """``/v1/completions``: a tool call until the prompt holds a tool response, then the answer."""
+
+    tokenizer = CharTokenizer()
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = ANSWER if "<tool_response>" in self.tokenizer.decode(body["prompt"]) else CALL
+        ids = self.tokenizer.encode(text) + [self.tokenizer.eos_token_id]
+        data = json.dumps({"id": "cmpl", "model": body["model"], "choices": [
+            {"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids}],
+            "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+
+
+class HangingTool(CalculatorTool):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.started_at = 0.0
+
+    async def _run(self, arguments):
+        self.started_at = time.time()
+        self.started.set()
+        while not self.release.is_set():
+            await asyncio.sleep(0.02)
+        return ToolResponse(text="84")
+
+
+def test_live_board_shows_the_stuck_tool_first_and_drops_it_when_done(page, tmp_path, artifacts):
+    from playwright.sync_api import expect
+
+    store = tmp_path / "traces"
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{engine.server_address[1]}"
+    RolloutTraceConfig.init("proj", "exp", "file", trace_dir=str(store), live=True,
+                            stuck_after_s=THRESHOLD_S)
+    hanging = HangingTool()
+    tok = CharTokenizer()
+
+    async def rollouts() -> None:
+        async with VLLMCompletionsClient(url, model="stub") as client:
+            async def one(i: int, tool):
+                loop = ToolAgentLoop(client, tok, tools=[tool], reward_fn=Gsm8kReward(),
+                                     max_assistant_turns=3, max_user_turns=3,
+                                     max_response_length=2048)
+                with rollout_trace_attr(step=5, sample_index=i, rollout_n=0, name="agent_loop"):
+                    row = {"raw_prompt": [{"role": "user", "content": f"What is 12*7? ({i})"}],
+                           "reward_model": {"ground_truth": "84"}}
+                    return await loop.run({"temperature": 1.0, "max_tokens": 64}, **row)
+
+            await asyncio.gather(one(0, CalculatorTool()), one(1, hanging))
+            with rollout_trace_attr(step=5, sample_index=2, trace=False):  # an unsampled one
+                await asyncio.sleep(0)
+
+    ui = UIProcess(store)
+    thread = threading.Thread(target=asyncio.run, args=(rollouts(),), daemon=True)
+    try:
+        goto(page, ui.url, "#/live")  # the board is open before anything runs
+        expect(page.locator('[data-testid="live-summary"]')).to_be_visible()
+        thread.start()
+        assert hanging.started.wait(30)
+        stuck = page.locator('[data-testid="live-stuck"]')
+        # within 2 s of the threshold, counted from the tool's start
+        deadline = hanging.started_at + THRESHOLD_S + 2.0
+        expect(stuck.first).to_be_visible(timeout=max(0.0, deadline - time.time()) * 1000)
+        seen_after = time.time() - hanging.started_at
+        # the first row is the stuck tool (stuck first), with its trajectory (step 5, sample 1)
+        first = page.locator('[data-testid="live-ops"] tr').nth(1)
+        cells = first.locator("td").all_inner_texts()
+        assert "STUCK" in cells[0]
+        assert cells[2:6] == ["5", "1", "0", "BaseTool.execute"], cells  # the op that waits
+        # its callers (the agent loop's run, the trajectory) are stuck too, waiting on it
+        waits = [row.locator("td").nth(8).inner_text() for row in stuck.all()[1:]]
+        assert waits and all(w == "BaseTool.execute" for w in waits), waits
+        assert "stuck" in page.locator('[data-testid="live-summary"]').inner_text()
+        shot(page, artifacts, "ui-live")
+        (ROOT / "docs" / "img").mkdir(exist_ok=True)
+        shutil.copy(artifacts / "ui-live.png", ROOT / "docs" / "img" / "ui-live.png")
+        print(f"\nstuck tool on the board {seen_after:.1f}s after it started "
+              f"(threshold {THRESHOLD_S}s)")
+        hanging.release.set()
+        thread.join(30)
+        # the board refreshes by itself: the tool is gone without a reload
+        expect(page.locator('[data-testid="live-stuck"]')).to_have_count(0, timeout=10_000)
+        expect(page.locator('[data-testid="live-op"]')).to_have_count(0, timeout=10_000)
+    finally:
+        hanging.release.set()
+        ui.stop()
+        RolloutTraceConfig.shutdown(10.0)
+        engine.shutdown()
+    assert not list(Path(store, "live").glob("*.json"))
