@@ -171,3 +171,46 @@ def test_a_delivery_settles_the_records_before_the_first_retryable_one():
     assert (got.done, got.rejected, got.delivered, got.retry) == (5, ((2, "bad"),), 4, False)
     got = settle(Delivery(retryable=(0, 1, 2, 3, 4)), records, 5)
     assert (got.done, got.rejected, got.delivered, got.retry) == (0, (), 0, True)
+
+
+# --- through the durable log --------------------------------------------------------------------
+
+
+def _wait(predicate: Any, timeout_s: float = 20.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_the_durable_log_quarantines_what_the_weave_exporter_says_was_refused(tmp_path):
+    """One export for the batch, the refused span in quarantine/ at once: no retry, no probe
+    request (with strikes: a failed export, halving, a probe of the next span, three strikes
+    with backoff between)."""
+    from otel_verl.exporters import DurableSpanExporter
+    from otel_verl.store import read_spans
+
+    with Recorder() as recorder:
+        recorder.validate_json = True
+        weave = _weave(recorder.url)
+        durable = DurableSpanExporter(weave, tmp_path / "log", export_delay_s=0.05,
+                                      retry_initial_s=0.5, retry_max_s=0.5)
+        try:
+            spans = _spans(["a", "b", "c", "bad", "d", "e", "f", "g"])
+            assert durable.export(spans) is SpanExportResult.SUCCESS
+            assert _wait(lambda: durable.stats()["quarantined"] == 1)
+            assert durable.force_flush(10_000)
+            stats = durable.stats()
+            assert stats["delivered"] == 7 and stats["retries"] == 0
+            assert stats["spool_pending"] == 0
+            names = sorted(c["op_name"] for b in _json_bodies(recorder) for c in b["batch"])
+            assert names == ["a", "b", "c", "d", "e", "f", "g"]  # each once: no probe, no resend
+            # the exporter's own halving only: 8 calls -> refused 8, 4, 2, 1 and accepted 4, 2, 1
+            assert len(recorder.requests) == 7
+            assert [s["name"] for s in read_spans(tmp_path / "log" / "quarantine")] == ["bad"]
+        finally:
+            durable.shutdown()
