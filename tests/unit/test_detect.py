@@ -253,3 +253,31 @@ def test_reward_components_and_a_per_turn_reward_are_evaluation_results():
     assert records[0].span_id == turn.context.span_id
     assert {r.span_id for r in records[1:]} == {root.context.span_id}
     assert records[4].attributes[semconv.GEN_AI_EVALUATION_SCORE_LABEL] == "ok"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, ()), ("", ()), ("none", ()), ("[length_cap]", ("length_cap",)),
+    ("length_cap, format_failure,length_cap", ("length_cap", "format_failure")),
+    (["Degenerate_Group"], ("degenerate_group",)), ("all", _detect.known_detectors()),
+    (["length_cap", "all"], _detect.known_detectors()),
+])
+def test_detect_flags_option(value, expected):
+    from otel_verl._config import resolve_config
+
+    assert resolve_config({"detect_flags": value}, None, {}).detect_flags == expected
+
+
+@pytest.mark.parametrize("value", ["nope", ["length_cap", 3], {"a": 1}])
+def test_detect_flags_option_refuses_unknown_detectors(value):
+    from otel_verl._config import ConfigError, resolve_config
+
+    with pytest.raises(ConfigError):
+        resolve_config({"detect_flags": value}, None, {})
+
+
+def test_detect_flags_from_the_environment_and_tail_keep_flags(monkeypatch):
+    from otel_verl._config import resolve_config
+
+    config = resolve_config({}, None, {"OTEL_VERL_DETECT_FLAGS": "length_cap,copied_prompt"})
+    assert config.detect_flags == ("length_cap", "copied_prompt")
+    assert "flags" in resolve_config({"tail_keep": "flags,groups"}, None, {}).tail_keep
