@@ -163,7 +163,8 @@ class LiveTracker(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         # everything else (durations, dominant ops, step ends) happens on the live thread
         self._ops.pop(span.context.span_id, None)
-        self._ended.append((span, TRAJECTORY.get()))
+        if not self.closed:  # (nothing accounts for them after close)
+            self._ended.append((span, TRAJECTORY.get()))
 
     # -- the live thread: what ended since the last tick ------------------------------------------
     def _account(self) -> None:
