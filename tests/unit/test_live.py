@@ -120,3 +120,30 @@ def test_viewer_api_answers_the_live_board(tmp_path):
     assert [(o["step"], o["sample_index"], o["trajectory"]) for o in board["ops"]] == \
         [(3, 7, True)]
     assert [(s["step"], s["traced"]) for s in board["steps"]] == [(3, 1)]
+
+
+def test_p99_rule_flags_an_op_long_before_the_configured_timeout(tmp_path):
+    """Once 20 ops of a name ended in a step, one running 5x their p99 (at least 1 s) is stuck,
+    with stuck_after_s far away; an op of another name (no history) is not."""
+    RolloutTraceConfig.init("proj", "exp", "file", trace_dir=str(tmp_path), live=True,
+                            stuck_after_s=3600)
+    try:
+        runtime = STATE.runtime
+        tracer = runtime.tracer
+        now = time.time_ns()
+        with rollout_trace_attr(step=1, sample_index=0):
+            for i in range(20):  # 20 ended calls of 10 ms
+                tracer.start_span("fetch", start_time=now - 10**9 - i).end(
+                    end_time=now - 10**9 - i + 10**7)
+            slow = tracer.start_span("fetch", start_time=now - 2 * 10**9)  # running 2 s
+            other = tracer.start_span("other", start_time=now - 2 * 10**9)
+            snapshot = runtime.live.tick()
+            by_name = {op["name"]: op for op in snapshot["ops"]}
+            assert by_name["fetch"]["stuck"] is True
+            assert by_name["fetch"]["threshold_s"] == 1.0  # 5 x 10 ms, floored at 1 s
+            assert by_name["other"]["stuck"] is False
+            assert by_name["other"]["threshold_s"] == 3600
+            slow.end()
+            other.end()
+    finally:
+        RolloutTraceConfig.shutdown(5.0)
