@@ -224,3 +224,40 @@ def test_straggler_report_names_the_planted_straggler_and_its_dominant_op(tmp_pa
     assert len(trajectories) == 5
     [span] = [s for s in spans if s["name"] == semconv.STRAGGLER_REPORT_SPAN]
     assert span["parent_span_id"] == slowest["span_id"]
+
+
+def test_otlp_receiver_gets_the_stuck_op_while_it_hangs(tmp_path):
+    """backend=otlp (OTLP/HTTP, the durable log in front) to a real OTLP receiver: the stuck
+    tool's ``otel_verl.in_flight`` span arrives while the tool still hangs, in its trace, naming
+    the op and its trajectory; nothing of the hanging tool's own span has arrived yet."""
+    from otel_verl.demo.otlp_receiver import OTLPReceiver
+
+    tok = CharTokenizer()
+    hanging = HangingTool()
+    with OTLPReceiver() as receiver, ToolEngine(tok, tool_turns=1) as engine:
+        RolloutTraceConfig.init("proj", "exp", "otlp", trace_dir=str(tmp_path), live=True,
+                                stuck_after_s=THRESHOLD_S, otlp_endpoint=receiver.endpoint,
+                                otlp_protocol="http/protobuf", schedule_delay_s=0.2,
+                                export_delay_s=0.2)
+        thread = _start_rollouts(engine, {4: [hanging]})
+        try:
+            assert hanging.started.wait(20)
+            spans = receiver.wait_for(
+                lambda s: any(x["name"] == semconv.IN_FLIGHT_SPAN for x in s), timeout_s=20)
+            assert not hanging.release.is_set() and thread.is_alive()  # still hanging
+            [record] = [s for s in spans if s["name"] == semconv.IN_FLIGHT_SPAN]
+            attrs = record["attributes"]
+            assert attrs[semconv.OTEL_VERL_LIVE_OP] == "BaseTool.execute"
+            assert attrs[semconv.ROLLOUT_SAMPLE_INDEX] == 4
+            assert attrs[semconv.OTEL_VERL_LIVE_ELAPSED_S] >= THRESHOLD_S
+            assert record["parent_span_id"] == attrs[semconv.OTEL_VERL_LIVE_SPAN_ID]
+            assert not [s for s in spans if s["span_id"] == record["parent_span_id"]]
+        finally:
+            hanging.release.set()
+            thread.join(30)
+            RolloutTraceConfig.shutdown(10.0)
+        # once it ended, the tool's own span joins the same trace
+        done = receiver.wait_for(lambda s: any(x["span_id"] == record["parent_span_id"]
+                                               for x in s), timeout_s=20)
+        [tool] = [s for s in done if s["span_id"] == record["parent_span_id"]]
+        assert tool["trace_id"] == record["trace_id"]
