@@ -395,7 +395,8 @@ def _lake_list(args: argparse.Namespace, lake: Any) -> int:
                            for s in steps]), out)
         return 0
     rows = lake.rows(_LIST_SQL.format(where=("WHERE " + " AND ".join(clauses)) if clauses
-                                      else ""), params)
+                                      else ""), params,
+                     spans=bool(flag) or not lake.state.cached)  # --flag reads spans
     if args.json:
         _dump_json(rows, out)
         return 0
