@@ -18,6 +18,8 @@ exporter, in requests, taking turns between this process's stream and the adopte
   ``quarantine/``).
 
 Every request goes through :class:`Backend` (one at a time, instrumentation suppressed).
+:class:`Sender` decides when to send and from which stream; :class:`Requests` makes one request
+from a stream and settles what it came to.
 """
 
 from __future__ import annotations
@@ -217,8 +219,8 @@ class Sender:
         self._turn = 0  # round robin over the streams served (adopted ones and this process's)
         self._next_adopt = 0.0
         self._overflow = Overflow(settings.max_overflow_bytes, self._cond)
-        self._probe = PoisonProbe(log, self.backend.deliver)
-        self._warned = {"outage": False, "disk": False}
+        self._requests = Requests(log, self.backend, settings, counts, self._own_done)
+        self._warned_disk = False
         self._thread = threading.Thread(target=self._run, name="otel_verl-deliver", daemon=True)
         self._thread.start()
 
@@ -243,8 +245,8 @@ class Sender:
         """The log cannot grow (a full disk): send directly while the backend answers, else hold
         the records in memory (bounded) until the disk or the backend takes them. False: lost
         (counted, ``spool_failed``)."""
-        if not self._warned["disk"]:
-            self._warned["disk"] = True
+        if not self._warned_disk:
+            self._warned_disk = True
             _logger.warning("otel_verl: cannot write to the log in %s (%r); sending directly, or "
                             "holding up to %d bytes in memory", self._log.directory, error,
                             self._overflow.max_bytes)
@@ -373,7 +375,7 @@ class Sender:
             return _EMPTY
         stream = ready[self._turn % len(ready)]
         self._turn += 1
-        result = self._send_from(stream)
+        result = self._requests.send_from(stream)
         if result == _EMPTY and stream is mine:
             with self._cond:
                 self.pending = self._overflow.records()
@@ -390,7 +392,40 @@ class Sender:
                 self.pending -= delivered
         return result
 
-    def _send_from(self, stream: Stream) -> str:
+    def _own_done(self, count: int, read_all: bool | None = None) -> None:
+        """``count`` of this process's records are done with (delivered or kept aside);
+        ``read_all``: whether the request held all that was written when it was read (None: the
+        time of the oldest unsent span stays)."""
+        with self._cond:
+            self.pending -= count
+            if read_all is None:
+                return
+            if self.pending <= 0:
+                self._oldest_unsent = None
+            elif read_all:
+                self._oldest_unsent = time.monotonic()  # all of it written since the read
+            # else the read stopped short of what was written (a backlog, or a request full
+            # by bytes): the rest has waited at least since the oldest unsent span did, so
+            # it does not wait export_delay_s again (the same process waited it after every
+            # request of a backlog full by bytes, and for the rest of any backlog)
+
+
+class Requests:
+    """One request from a stream and what it came to: stored bytes or decoded spans, the typed
+    outcome or poison probing, the outage warning. ``own_done`` (the sender's) is told when
+    records of this process's stream are done with."""
+
+    def __init__(self, log: SpanLog, backend: Backend, settings: LogSettings, counts: Counts,
+                 own_done: Callable[[int, bool | None], None]) -> None:
+        self._log = log
+        self.backend = backend
+        self._settings = settings
+        self._counts = counts
+        self._own_done = own_done
+        self._probe = PoisonProbe(log, backend.deliver)
+        self._outage_warned = False
+
+    def send_from(self, stream: Stream) -> str:
         """Send one request from ``stream``: ``_EMPTY`` (nothing left), ``_SENT``, ``_FAILED``
         (the backend did not accept it) or ``_BLOCKED`` (the stream cannot be read now)."""
         own = stream is self._log.stream
@@ -425,8 +460,8 @@ class Sender:
         if typed and self._typed(batch, delivery):
             return _SENT
         self._counts.add(retries=1)
-        if not self._warned["outage"]:
-            self._warned["outage"] = True
+        if not self._outage_warned:
+            self._outage_warned = True
             _logger.warning("otel_verl: the backend did not accept %d span(s); they wait in %s "
                             "and are retried (replay by hand: `otel-verl traces replay %s`)",
                             batch.count, self._log.directory, self._log.directory)
@@ -436,8 +471,7 @@ class Sender:
         if len(lines) > 1:
             stream.limit = max(1, len(lines) // 2)  # find a span the backend refuses, if any
         elif lines and self._probe.refused_alone(batch, lines[0]) and own:
-            with self._cond:
-                self.pending -= 1
+            self._own_done(1, None)
         return _FAILED
 
     def _settled(self, batch: Batch, delivered: int) -> str:
@@ -450,19 +484,10 @@ class Sender:
                 self._counts.add(recovered=delivered)
         self._log.commit(stream, batch.after)
         if own:
-            with self._cond:
-                self.pending -= batch.count
-                if self.pending <= 0:
-                    self._oldest_unsent = None
-                elif batch.end is None or batch.after >= batch.end:
-                    self._oldest_unsent = time.monotonic()  # all of it written since the read
-                # else the read stopped short of what was written (a backlog, or a request full
-                # by bytes): the rest has waited at least since the oldest unsent span did, so
-                # it does not wait export_delay_s again (the same process waited it after every
-                # request of a backlog full by bytes, and for the rest of any backlog)
+            self._own_done(batch.count, batch.end is None or batch.after >= batch.end)
         stream.limit = min(self._settings.max_batch_spans, stream.limit * 2)
-        if self._warned["outage"] and delivered:
-            self._warned["outage"] = False
+        if self._outage_warned and delivered:
+            self._outage_warned = False
             _logger.warning("otel_verl: the backend accepts spans again; delivering the log")
         return _SENT
 
