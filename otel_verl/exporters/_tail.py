@@ -111,6 +111,12 @@ def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
     return span.attributes or _NO_ATTRIBUTES
 
 
+def _step_key(attributes: Mapping[str, Any]) -> StepKey:
+    """(experiment, validate, step) of a trajectory span."""
+    return (attributes.get(semconv.ROLLOUT_EXPERIMENT_NAME),
+            bool(attributes.get(semconv.ROLLOUT_VALIDATE)), attributes.get(semconv.ROLLOUT_STEP))
+
+
 def span_bytes(span: ReadableSpan) -> int:
     """An estimate of what a finished span holds in memory: a fixed overhead per span, attribute
     and event, plus the length of every string (one pass, no call per value)."""
@@ -377,6 +383,81 @@ class _Buffer:
         self._ledger.count(self._ledger.step(trajectory.step), "dropped")
 
 
+class _Groups:
+    """The groups that wait for their decision (oldest first) and the ones decided already (for
+    their stragglers): a group is decided when ``size`` of its trajectories ended, at its step's
+    end, after ``timeout_s`` or at a flush, by asking each group policy in turn."""
+
+    def __init__(self, buffer: _Buffer, ledger: _Ledger, policies: tuple[TailPolicy, ...],
+                 size: int | None, timeout_s: float, clock: Callable[[], float]) -> None:
+        self._buffer = buffer
+        self._ledger = ledger
+        self._policies = policies
+        self._size = size
+        self._timeout = timeout_s
+        self._clock = clock
+        self._waiting: dict[GroupKey, _Group] = {}  # groups not decided yet, oldest first
+        self._closed: collections.OrderedDict[GroupKey, bool] = collections.OrderedDict()
+
+    def join(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
+        key = trajectory.group
+        closed = self._closed.get(key)
+        if closed is not None:  # a straggler of a group decided already
+            if trajectory.verdict is None:
+                late = GroupView(key, (), (), late=True, kept_by_rule=closed)
+                decision = _first(self._policies, _view(trajectory), late, self._ledger.counts)
+                if decision is not None:
+                    self._buffer.keep(trajectory, decision, out)
+                else:
+                    self._buffer.drop(trajectory, out)
+            return
+        group = self._waiting.get(key)
+        if group is None:
+            group = self._waiting[key] = _Group(self._clock())
+        group.members.append(trajectory)
+        if self._size is not None and len(group.members) >= self._size:
+            self.decide(key, out)
+
+    def decide(self, key: GroupKey, out: list[ReadableSpan]) -> None:
+        """Ask each group policy in turn about the members not kept yet; drop the rest."""
+        members = self._waiting.pop(key).members
+        views = [_view(m) for m in members]
+        for policy in self._policies:
+            group = group_view(key, views, [m.kept_reason() for m in members])
+            for member, view in zip(members, views, strict=True):
+                if member.verdict is None:
+                    decision = _ask(policy, view, group, self._ledger.counts)
+                    if decision is not None:
+                        self._buffer.keep(member, decision, out)
+        for member in members:
+            if member.verdict is None:
+                self._buffer.drop(member, out)
+        self._closed[key] = group_view(key, views, [m.kept_reason() for m in members]).kept_by_rule
+        if len(self._closed) > _MAX_CLOSED_GROUPS:
+            self._closed.popitem(last=False)
+
+    def decide_step(self, step: StepKey, out: list[ReadableSpan]) -> None:
+        """Decide the groups of ``step`` that wait (it is over)."""
+        for key in [k for k in self._waiting if k[:3] == step]:
+            self.decide(key, out)
+
+    def decide_all(self, out: list[ReadableSpan]) -> None:
+        for key in list(self._waiting):
+            self.decide(key, out)
+
+    def expire(self, out: list[ReadableSpan]) -> None:
+        """Decide the groups that have waited longer than ``timeout_s``."""
+        if not self._waiting:
+            return
+        deadline = self._clock() - self._timeout
+        while self._waiting:
+            key, group = next(iter(self._waiting.items()))
+            if group.since > deadline:
+                return
+            self._ledger.counts["groups_timed_out"] += 1
+            self.decide(key, out)
+
+
 class TailSamplingProcessor(SpanProcessor):
     """Holds spans of provisional trajectories until their tail decision; passes the rest on.
 
@@ -432,10 +513,10 @@ class TailSamplingProcessor(SpanProcessor):
 
     def _reset_state(self) -> None:
         self._owner: dict[int, _Undecided] = {}  # span id -> its provisional trajectory
-        self._waiting: dict[GroupKey, _Group] = {}  # groups not decided yet, oldest first
-        self._closed: collections.OrderedDict[GroupKey, bool] = collections.OrderedDict()
         self._ledger = _Ledger(self._resource, self._scope)
         self._buffer = _Buffer(self._ledger, self._max_bytes, self._budget)
+        self._groups = _Groups(self._buffer, self._ledger, self._with_group, self._group_size,
+                               self._timeout, self._clock)
         self._stopped = False
 
     # -- the rollout's side ----------------------------------------------------------------------
@@ -483,9 +564,7 @@ class TailSamplingProcessor(SpanProcessor):
     # -- bookkeeping (under the lock) ------------------------------------------------------------
     def _trajectory_started(self, span: Span,
                             attributes: Mapping[str, Any]) -> list[ReadableSpan]:
-        step_key: StepKey = (attributes.get(semconv.ROLLOUT_EXPERIMENT_NAME),
-                             bool(attributes.get(semconv.ROLLOUT_VALIDATE)),
-                             attributes.get(semconv.ROLLOUT_STEP))
+        step_key = _step_key(attributes)
         step = self._ledger.step(step_key)
         step.open += 1
         provisional = attributes.get(semconv.OTEL_VERL_PROVISIONAL)
@@ -507,15 +586,13 @@ class TailSamplingProcessor(SpanProcessor):
         return out
 
     def _close_step(self, key: StepKey, out: list[ReadableSpan]) -> None:
-        for group_key in [k for k in self._waiting if k[:3] == key]:
-            self._decide_group(group_key, out)
+        self._groups.decide_step(key, out)
         self._ledger.report(key, out)
         self._ledger.forget_old_steps()
 
     def _count_head(self, span: ReadableSpan, out: list[ReadableSpan]) -> None:
         attributes = _attributes(span)
-        key = (attributes.get(semconv.ROLLOUT_EXPERIMENT_NAME),
-               bool(attributes.get(semconv.ROLLOUT_VALIDATE)), attributes.get(semconv.ROLLOUT_STEP))
+        key = _step_key(attributes)
         step = self._ledger.step(key)
         reason = attributes.get(semconv.ROLLOUT_SAMPLING_REASON) or SamplingReason.ALL
         self._ledger.count(step, "kept." + str(reason))
@@ -526,7 +603,7 @@ class TailSamplingProcessor(SpanProcessor):
         step.open -= 1
         if step.open <= 0 and key != self._ledger.current:
             self._close_step(key, out)
-        self._expire(out)
+        self._groups.expire(out)
 
     def _child_ended(self, owner: _Undecided, span: ReadableSpan, out: list[ReadableSpan]) -> None:
         if owner.head_weight is not None:  # head-sampled: exported now, looked at for the rules
@@ -567,64 +644,15 @@ class TailSamplingProcessor(SpanProcessor):
             self._buffer.undecided[trajectory.span_id] = trajectory
             self._buffer.add(size, out)
         if self._grouped:  # kept ones too: their group's rewards and the groups rule need them
-            self._join_group(trajectory, out)
+            self._groups.join(trajectory, out)
         elif trajectory.verdict is None:
             self._buffer.drop(trajectory, out)
         self._trajectory_ended(trajectory.step, step, out)
 
-    def _join_group(self, trajectory: _Undecided, out: list[ReadableSpan]) -> None:
-        key = trajectory.group
-        closed = self._closed.get(key)
-        if closed is not None:  # a straggler of a group decided already
-            if trajectory.verdict is None:
-                late = GroupView(key, (), (), late=True, kept_by_rule=closed)
-                decision = _first(self._with_group, _view(trajectory), late, self._ledger.counts)
-                if decision is not None:
-                    self._buffer.keep(trajectory, decision, out)
-                else:
-                    self._buffer.drop(trajectory, out)
-            return
-        group = self._waiting.get(key)
-        if group is None:
-            group = self._waiting[key] = _Group(self._clock())
-        group.members.append(trajectory)
-        if self._group_size is not None and len(group.members) >= self._group_size:
-            self._decide_group(key, out)
-
-    def _decide_group(self, key: GroupKey, out: list[ReadableSpan]) -> None:
-        """Ask each group policy in turn about the members not kept yet; drop the rest."""
-        members = self._waiting.pop(key).members
-        views = [_view(m) for m in members]
-        for policy in self._with_group:
-            group = group_view(key, views, [m.kept_reason() for m in members])
-            for member, view in zip(members, views, strict=True):
-                if member.verdict is None:
-                    decision = _ask(policy, view, group, self._ledger.counts)
-                    if decision is not None:
-                        self._buffer.keep(member, decision, out)
-        for member in members:
-            if member.verdict is None:
-                self._buffer.drop(member, out)
-        self._closed[key] = group_view(key, views, [m.kept_reason() for m in members]).kept_by_rule
-        if len(self._closed) > _MAX_CLOSED_GROUPS:
-            self._closed.popitem(last=False)
-
-    def _expire(self, out: list[ReadableSpan]) -> None:
-        if not self._waiting:
-            return
-        deadline = self._clock() - self._timeout
-        while self._waiting:
-            key, group = next(iter(self._waiting.items()))
-            if group.since > deadline:
-                return
-            self._ledger.counts["groups_timed_out"] += 1
-            self._decide_group(key, out)
-
     # -- lifecycle -------------------------------------------------------------------------------
     def _decide_all(self, out: list[ReadableSpan], *, abandon_open: bool) -> None:
         """Decide every group that waits (a flush ends them), report every step."""
-        for group_key in list(self._waiting):
-            self._decide_group(group_key, out)
+        self._groups.decide_all(out)
         if abandon_open:
             self._buffer.abandon_open()
         for key in list(self._ledger.steps):
