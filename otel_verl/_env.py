@@ -58,6 +58,8 @@ OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
 OTEL_BSP_SCHEDULE_DELAY: Final = "OTEL_BSP_SCHEDULE_DELAY"
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+#: ``otlp``: rewards also as log-based events to the OTLP collector (``otel_verl._evaluations``)
+OTEL_LOGS_EXPORTER: Final = "OTEL_LOGS_EXPORTER"
 
 # the Weave exporter's own names (otel-weave-exporter reads them too, standalone)
 OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY: Final = "OTEL_EXPORTER_WEAVE_KEEP_TRAJECTORY"

@@ -18,6 +18,7 @@ Usage::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import _errors, semconv
+from otel_verl._env import OTEL_LOGS_EXPORTER
 from otel_verl._state import TRAJECTORY
 
 __all__ = ["emit_evaluation", "evaluation_attributes", "record_components",
@@ -159,9 +161,12 @@ class _LogsLifecycle(SpanProcessor):
 
 
 def otlp_logs(config: Any) -> _LogsLifecycle | None:
-    """``backend=otlp``: evaluations also as log-based events to the same collector (OTLP logs,
-    ``/v1/logs`` over HTTP), when the SDK has the Logs API and the OTLP log exporter is installed;
-    else None (span events only). Returns the processor to add to the tracer provider."""
+    """``backend=otlp`` with ``OTEL_LOGS_EXPORTER=otlp``: evaluations also as log-based events to
+    the same collector (OTLP logs, ``/v1/logs`` over HTTP), when the SDK has the Logs API and the
+    OTLP log exporter is installed; else None (span events only). Returns the processor to add to
+    the tracer provider."""
+    if os.environ.get(OTEL_LOGS_EXPORTER, "").split(",")[0].strip().lower() != "otlp":
+        return None  # a collector that has no logs pipeline (Phoenix: 405) is not asked
     exporter_class: Any
     try:
         if config.otlp_protocol == "grpc":

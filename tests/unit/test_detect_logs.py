@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 import otel_verl
@@ -18,7 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _servers import LocalServer, QuietHandler  # noqa: E402
 
 
-def test_otlp_backend_sends_rewards_as_log_based_evaluation_events(tmp_path):
+@pytest.mark.parametrize("logs", ["otlp", None])
+def test_otlp_backend_sends_rewards_as_log_based_evaluation_events(tmp_path, monkeypatch, logs):
+    if logs:
+        monkeypatch.setenv("OTEL_LOGS_EXPORTER", logs)
+    else:  # not asked for: a collector without a logs pipeline (Phoenix) is never sent any
+        monkeypatch.delenv("OTEL_LOGS_EXPORTER", raising=False)
     received: list[tuple[str, bytes]] = []
     got = threading.Event()
 
@@ -38,7 +44,7 @@ def test_otlp_backend_sends_rewards_as_log_based_evaluation_events(tmp_path):
             otel_verl.record_reward(1.2, name="verifier", label="correct",
                                     components={"correctness": 1.0, "format": 0.2})
         assert RolloutTraceConfig.flush(10.0)
-        assert got.wait(10.0)
+        assert got.wait(10.0) == bool(logs)
         RolloutTraceConfig.shutdown(10.0)
     finally:
         server.close()
@@ -49,6 +55,9 @@ def test_otlp_backend_sends_rewards_as_log_based_evaluation_events(tmp_path):
             request = ExportLogsServiceRequest.FromString(body)
             records += [r for rl in request.resource_logs for sl in rl.scope_logs
                         for r in sl.log_records]
+    if not logs:
+        assert records == [] and any(p.endswith("/v1/traces") for p, _ in received)
+        return
     assert [r.event_name for r in records] == [semconv.GEN_AI_EVALUATION_RESULT] * 3
     names = [next(a.value.string_value for a in r.attributes
                   if a.key == semconv.GEN_AI_EVALUATION_NAME) for r in records]
