@@ -365,8 +365,8 @@ class Lake:
     def __init__(self, trace_dir: str | os.PathLike[str]) -> None:
         self.trace_dir = os.path.abspath(os.fspath(trace_dir))
         self.lake_dir = lake_dir(self.trace_dir)
-        self.connection = duckdb.connect(":memory:")
-        self.connection.execute("SET enable_progress_bar = false")
+        self._con = duckdb.connect(":memory:")
+        self._con.execute("SET enable_progress_bar = false")
         self._lock = threading.RLock()
         self._segments: list[str] = []
         self._partitions: dict[tuple[str, str], list[str]] = {}
@@ -397,7 +397,7 @@ class Lake:
 
     def close(self) -> None:
         with self._lock:
-            self.connection.close()
+            self._con.close()
 
     def __enter__(self) -> Lake:
         return self
@@ -446,7 +446,7 @@ class Lake:
             state.raw_spans = raw.num_rows
             self._raw = raw
             self._excluded = excluded
-            con = self.connection
+            con = self._con
             con.register("raw_spans_arrow", raw)
             con.register("raw_payload_arrow", raw_payload)
             segments = [os.path.join(self.lake_dir, s) for s in manifest.segments]
@@ -497,12 +497,20 @@ class Lake:
             self.state = state
             return state
 
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection holding the views (all of them bound: direct use may read any).
+        Hold :attr:`_lock` while using it from several threads."""
+        with self._lock:
+            self._ensure_views()
+            return self._con
+
     def _ensure_views(self) -> None:
         """``segment_spans`` / ``spans`` / ``payloads``, created on first use (binding them
         reads every segment's footer: an overview of a compacted store needs none of them)."""
         pending, self._views_pending = self._views_pending, None
         if pending is not None:
-            create_views(self.connection, *pending)
+            create_views(self._con, *pending)
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -511,7 +519,7 @@ class Lake:
         relation (``.fetchall()``, ``.arrow()``, ``.df()``, ``.pl()``)."""
         with self._lock:
             self._ensure_views()
-            return self.connection.sql(query, params=params or None)
+            return self._con.sql(query, params=params or None)
 
     def rows(self, query: str, params: list[Any] | dict[str, Any] | None = None, *,
              spans: bool = True) -> list[dict[str, Any]]:
@@ -520,7 +528,7 @@ class Lake:
         with self._lock:
             if spans:
                 self._ensure_views()
-            cursor = self.connection.execute(query, params or [])
+            cursor = self._con.execute(query, params or [])
             names = [d[0] for d in cursor.description or ()]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -533,7 +541,7 @@ class Lake:
             if not self._steps_ready:
                 if self._views_pending is not None and not self.state.cached:
                     self._ensure_views()
-                self.connection.execute("CREATE OR REPLACE TABLE steps_table AS "
+                self._con.execute("CREATE OR REPLACE TABLE steps_table AS "
                                         "SELECT * FROM steps")
                 self._steps_ready = True
             out = self.rows(f"SELECT * FROM steps_table {where}", params, spans=False)
@@ -754,7 +762,7 @@ class Lake:
         """The rows of a large query as dicts, fetched in batches."""
         with self._lock:
             self._ensure_views()
-            cursor = self.connection.execute(query, params or [])
+            cursor = self._con.execute(query, params or [])
             names = [d[0] for d in cursor.description or ()]
             while chunk := cursor.fetchmany(batch):
                 yield from (dict(zip(names, row, strict=True)) for row in chunk)
@@ -763,4 +771,4 @@ class Lake:
         """A query's result as an Arrow table."""
         with self._lock:
             self._ensure_views()
-            return self.connection.sql(query).arrow()
+            return self._con.sql(query).arrow()
