@@ -253,11 +253,7 @@ class BoundedBatchProcessor(SpanProcessor):
             return not self._queue
         timeout_s = timeout_seconds(timeout_millis)
         deadline = time.monotonic() + timeout_s
-        event = threading.Event()
-        with self._cond:
-            self._flush_requests.append(event)
-            self._cond.notify()
-        done = event.wait(timeout_s)
+        done = self.force_flush_to_exporter(timeout_s)
         if done:
             exporter_flush = getattr(self.exporter, "force_flush", None)
             if exporter_flush is not None:
@@ -304,24 +300,7 @@ class BoundedBatchProcessor(SpanProcessor):
                 self._counts["abandoned_at_shutdown"] += left
                 _log.warning("otel_verl: export did not finish within %.1fs at shutdown; %d spans "
                              "abandoned", timeout_s, left)
-        self._call_exporter_shutdown(max(0.1, min(deadline - time.monotonic(), 3600.0)))
-
-    def _call_exporter_shutdown(self, timeout_s: float) -> None:
-        """Exporter shutdown may hang (Weave's own client does for minutes): bound it."""
-        thread = threading.Thread(target=self._exporter_shutdown, args=(timeout_s,), daemon=True,
-                                  name="otel_verl-exporter-shutdown")
-        thread.start()
-        thread.join(timeout_s + 1.0)
-        if thread.is_alive():
-            _log.warning("otel_verl: exporter shutdown still running after %.1fs; not waiting",
-                         timeout_s)
-
-    def _exporter_shutdown(self, timeout_s: float) -> None:
-        try:
-            with suppressed_instrumentation():
-                shutdown_within(self.exporter, timeout_s * 1000)
-        except Exception as exc:  # noqa: BLE001
-            _errors.internal_error(exc, "exporter.shutdown raised")
+        _shut_down_exporter(self.exporter, max(0.1, min(deadline - time.monotonic(), 3600.0)))
 
     def stats(self) -> dict[str, int]:
         """Counts since start (see :mod:`otel_verl.exporters` for every key)."""
@@ -335,6 +314,26 @@ class BoundedBatchProcessor(SpanProcessor):
         # the parent (which exports them), so the child starts empty
         self._counts = collections.Counter()
         self._start_worker()
+
+
+def _shut_down_exporter(exporter: SpanExporter, timeout_s: float) -> None:
+    """Exporter shutdown may hang (Weave's own client does for minutes): bound it (a thread of
+    its own, waited for ``timeout_s``)."""
+    thread = threading.Thread(target=_exporter_shutdown, args=(exporter, timeout_s), daemon=True,
+                              name="otel_verl-exporter-shutdown")
+    thread.start()
+    thread.join(timeout_s + 1.0)
+    if thread.is_alive():
+        _log.warning("otel_verl: exporter shutdown still running after %.1fs; not waiting",
+                     timeout_s)
+
+
+def _exporter_shutdown(exporter: SpanExporter, timeout_s: float) -> None:
+    try:
+        with suppressed_instrumentation():
+            shutdown_within(exporter, timeout_s * 1000)
+    except Exception as exc:  # noqa: BLE001
+        _errors.internal_error(exc, "exporter.shutdown raised")
 
 
 def _hand_to_log(processor: BoundedBatchProcessor) -> int:
