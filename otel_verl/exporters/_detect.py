@@ -73,6 +73,8 @@ __all__ = [
     "ToolCall",
     "TrajectoryRecord",
     "Turn",
+    "detect",
+    "record_from_spans",
     "register_detector",
 ]
 
@@ -433,35 +435,58 @@ def flag_attributes(flags: Mapping[str, Mapping[str, Any] | bool]) -> dict[str, 
 def observe(record: TrajectoryRecord, span: ReadableSpan) -> None:
     """What the detectors look at in one finished span of the trajectory."""
     attributes = span.attributes or {}
+    _observe(record, attributes, ((e.name, e.attributes or {}) for e in span.events),
+             span.status.status_code is StatusCode.ERROR, span.start_time or 0,
+             span.context.span_id, span.name)
+
+
+def _observe(record: TrajectoryRecord, attributes: Mapping[str, Any],
+             events: Iterable[tuple[str, Mapping[str, Any]]], failed: bool, start: int,
+             span_id: int, name: str) -> None:
     operation = attributes.get(semconv.GEN_AI_OPERATION_NAME)
-    start = span.start_time or 0
-    error = span.status.status_code is StatusCode.ERROR or semconv.ERROR_TYPE in attributes
+    error = failed or semconv.ERROR_TYPE in attributes
     if operation in _LLM_OPERATIONS:
         reasons: Any = attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
         reason = reasons[0] if isinstance(reasons, (tuple, list)) and reasons else reasons
         tokens = attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
         cap = attributes.get(semconv.GEN_AI_REQUEST_MAX_TOKENS)
-        record.turns.append(Turn(span.context.span_id, start,
-                                 reason if isinstance(reason, str) else None,
+        record.turns.append(Turn(span_id, start, reason if isinstance(reason, str) else None,
                                  tokens if isinstance(tokens, int) else None,
                                  cap if isinstance(cap, int) else None))
     elif operation == semconv.GenAIOperation.EXECUTE_TOOL:
         arguments = attributes.get(semconv.GEN_AI_TOOL_CALL_ARGUMENTS)
-        record.tools.append(ToolCall(span.context.span_id, start,
-                                     str(attributes.get(semconv.GEN_AI_TOOL_NAME, span.name)),
+        record.tools.append(ToolCall(span_id, start,
+                                     str(attributes.get(semconv.GEN_AI_TOOL_NAME, name)),
                                      arguments if isinstance(arguments, str) else None, error))
     if error:
         record.error = True
-    for event in span.events:
-        if event.name == semconv.GEN_AI_EVALUATION_RESULT:
-            ev = event.attributes or {}
+    for event_name, ev in events:
+        if event_name == semconv.GEN_AI_EVALUATION_RESULT:
             label = ev.get(semconv.GEN_AI_EVALUATION_SCORE_LABEL)
             explanation = ev.get(semconv.GEN_AI_EVALUATION_EXPLANATION)
             record.evaluations.append(Evaluation(
                 str(ev.get(semconv.GEN_AI_EVALUATION_NAME, "reward")),
                 _number(ev.get(semconv.GEN_AI_EVALUATION_SCORE_VALUE)),
                 label if isinstance(label, str) else None,
-                explanation if isinstance(explanation, str) else None, span.context.span_id))
+                explanation if isinstance(explanation, str) else None, span_id))
+
+
+def record_from_spans(spans: Iterable[Mapping[str, Any]]) -> TrajectoryRecord:
+    """The record of a stored trajectory (decoded spans, ``otel_verl.store.read_spans``'s
+    ``SpanRecord`` dicts; the trajectory span among them), so the same detectors run over traces
+    already on disk: ``detect(record_from_spans(t.spans), known_detectors())``."""
+    record = TrajectoryRecord(0)
+    for span in spans:
+        attributes = span.get("attributes") or {}
+        span_id = int(span.get("span_id") or "0", 16)
+        if attributes.get(semconv.OTEL_VERL_TRAJECTORY) is True:
+            record.attributes, record.span_id = attributes, span_id
+        status = span.get("status") or {}
+        _observe(record, attributes,
+                 ((e.get("name", ""), e.get("attributes") or {}) for e in span.get("events") or ()),
+                 status.get("code") == "ERROR", span.get("start_ns") or 0, span_id,
+                 str(span.get("name", "")))
+    return record
 
 
 def detect(record: TrajectoryRecord, names: Iterable[str],

@@ -15,7 +15,7 @@ import re
 
 import otel_verl
 from otel_verl import RolloutTraceConfig, rollout_trace_attr, semconv
-from otel_verl.exporters._detect import BUILTIN
+from otel_verl.exporters._detect import BUILTIN, DETECTORS, detect, record_from_spans
 from otel_verl.rollout.agent_loop import ToolAgentLoop
 from otel_verl.rollout.clients import VLLMCompletionsClient
 from otel_verl.rollout.tools import CalculatorTool
@@ -236,6 +236,20 @@ def test_every_planted_failure_is_flagged_and_little_else(tmp_path):
         for name in attributes.get(semconv.RL_FLAGS, ()):
             evidence = json.loads(attributes[semconv.flag_evidence_key(name)])
             assert isinstance(evidence, dict) and evidence
+    # the same detectors over the stored traces (offline) flag the same trajectories
+    by_trace: dict[str, list[dict]] = {}
+    for span in spans:
+        by_trace.setdefault(span["trace_id"], []).append(span)
+    checked = offline = 0
+    for trace_spans in by_trace.values():
+        record = record_from_spans(trace_spans)
+        if not record.attributes:
+            continue
+        online = {n for n in record.attributes.get(semconv.RL_FLAGS, ()) if n in DETECTORS}
+        flags = detect(record, DETECTORS)
+        assert set(flags) == online
+        checked, offline = checked + 1, offline + len(flags)
+    assert checked == len(plans) and offline == 5 * 9
     cap = next(a for c, a in found.items() if plans[c]["mode"] == "length_cap")
     assert json.loads(cap[semconv.flag_evidence_key("length_cap")])["finish_reason"] == "length"
     # the reward's components are on the trajectory span, filterable
