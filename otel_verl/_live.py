@@ -364,9 +364,23 @@ class LiveTracker(SpanProcessor):
             attrs[semconv.OTEL_VERL_LIVE_WAITING_ON] = op["waiting_on"]["name"]
         if op.get("request_id"):
             attrs[semconv.OTEL_VERL_LIVE_REQUEST_ID] = op["request_id"]
+        start_ns = int(op["start"] * 1e9)
+        if op.get("parent_span_id"):  # for receivers that start the op's own call (Weave)
+            attrs[semconv.OTEL_VERL_LIVE_PARENT_SPAN_ID] = op["parent_span_id"]
+        live = self._ops.get(op["_id"])
+        if live is not None and live.start_time:
+            start_ns = live.start_time  # exact: the op's own span starts at this very ns
+            attrs[semconv.OTEL_VERL_LIVE_START_NS] = start_ns
+            op_attrs = attribute_map(live)
+            value = op_attrs.get(semconv.INPUT_VALUE)
+            if isinstance(value, str) and len(value) <= semconv.LIVE_INPUT_MAX:
+                attrs[semconv.OTEL_VERL_LIVE_INPUT] = value
+                mime = op_attrs.get(semconv.INPUT_MIME_TYPE)
+                if isinstance(mime, str):
+                    attrs[semconv.OTEL_VERL_LIVE_INPUT_MIME_TYPE] = mime
         span = tracer.start_span(semconv.IN_FLIGHT_SPAN,
                                  context=otel_trace.set_span_in_context(parent),
-                                 start_time=int(op["start"] * 1e9), attributes=attrs)
+                                 start_time=start_ns, attributes=attrs)
         span.end()
 
     def _send_reports(self) -> None:

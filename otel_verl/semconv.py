@@ -262,6 +262,14 @@ OTEL_VERL_LIVE_WAITING_ON: Final = "otel_verl.live.waiting_on"
 OTEL_VERL_LIVE_REQUEST_ID: Final = "otel_verl.live.request_id"
 OTEL_VERL_LIVE_WORKER: Final = "otel_verl.live.worker"
 OTEL_VERL_LIVE_STUCK: Final = "otel_verl.live.stuck"
+#: on an in-flight span, for receivers that start a call for the stuck op (the Weave exporter,
+#: docs/weave.md "Running calls"): its parent span id (16 hex; absent for a root), its start
+#: (ns since the epoch, exact), its input (``input.value`` up to LIVE_INPUT_MAX chars) and type
+OTEL_VERL_LIVE_PARENT_SPAN_ID: Final = "otel_verl.live.parent_span_id"
+OTEL_VERL_LIVE_START_NS: Final = "otel_verl.live.start_ns"
+OTEL_VERL_LIVE_INPUT: Final = "otel_verl.live.input"
+OTEL_VERL_LIVE_INPUT_MIME_TYPE: Final = "otel_verl.live.input_mime_type"
+LIVE_INPUT_MAX: Final = 16384
 #: on a straggler report: trajectories in the step, its wall time, the median trajectory, how
 #: long the step waited on its tail, the slowest trajectories (JSON list) and the op that
 #: dominated the slowest one
