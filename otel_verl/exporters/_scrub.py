@@ -424,15 +424,42 @@ class _Finder:
                             spans.append(value.span())
                 pos = lower.find(word, after)
 
-    # assignments ---------------------------------------------------------------------------------
-
     def assignments(self) -> None:
-        """``name = value`` / ``"name": "value"`` / ``--name value`` with a sensitive name.
+        """``name = value`` / ``"name": "value"`` / ``--name value`` with a sensitive name
+        (:class:`_Assignments`)."""
+        _Assignments(self).scan()
 
-        While separators (``:``, ``=``, ``--``) are few, each is visited and the name right before
-        it is checked with ``is_sensitive_key``; where they are many, each keyword a sensitive
-        name must contain (``_KEYWORDS``) is found instead and its name checked.
-        """
+    def extra(self, patterns: Sequence[re.Pattern[str]]) -> None:
+        for pattern in patterns:
+            for match in pattern.finditer(self.text):
+                if match.end() > match.start():
+                    self.spans.append(match.span())
+
+    def result(self) -> tuple[str, int]:
+        if not self.spans:
+            return self.text, 0
+        return _apply(self.text, self.spans)
+
+
+class _Assignments:
+    """``name = value`` / ``"name": "value"`` / ``--name value`` with a sensitive name, in the
+    string of one :class:`_Finder` (its text, masks and spans).
+
+    While separators (``:``, ``=``, ``--``) are few, each is visited and the name right before it
+    is checked with ``is_sensitive_key``; where they are many, each keyword a sensitive name must
+    contain (``_KEYWORDS``) is found instead and its name checked.
+    """
+
+    __slots__ = ("ascii", "lower", "names", "spans", "text")
+
+    def __init__(self, finder: _Finder) -> None:
+        self.text = finder.text
+        self.ascii = finder.ascii
+        self.spans = finder.spans
+        self.lower = finder.lower
+        self.names = finder.names
+
+    def scan(self) -> None:
         if not self._by_separators():
             self._by_keywords()
 
@@ -555,17 +582,6 @@ class _Finder:
                     self._flag(flag, flag_end)
                     flag = text.find("--", max(flag_end, flag + 2), end)
                 pos = lower.find(keyword, end)
-
-    def extra(self, patterns: Sequence[re.Pattern[str]]) -> None:
-        for pattern in patterns:
-            for match in pattern.finditer(self.text):
-                if match.end() > match.start():
-                    self.spans.append(match.span())
-
-    def result(self) -> tuple[str, int]:
-        if not self.spans:
-            return self.text, 0
-        return _apply(self.text, self.spans)
 
 
 def _apply(text: str, spans: list[tuple[int, int]]) -> tuple[str, int]:

@@ -321,11 +321,11 @@ def test_keyword_pass_finds_what_the_separator_pass_finds(text):
     original = s._budget
     s._budget = lambda n, per: 10**9  # visit every separator
     try:
-        assert by_separators._by_separators()
+        assert s._Assignments(by_separators)._by_separators()
     finally:
         s._budget = original
     by_keywords = s._Finder(text)
-    by_keywords._by_keywords()
+    s._Assignments(by_keywords)._by_keywords()
     assert _covered(by_separators.spans) <= _covered(by_keywords.spans)
 
 
