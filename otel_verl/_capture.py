@@ -135,10 +135,33 @@ class ContentOptions:
         self.store_bytes = int(getattr(config, "content_store_bytes", 1 << 30))
 
 
+#: (config, its options, its store or None): read once per configuration, not per call (the
+#: config is frozen; a new ``init`` is a new config object). One tuple, replaced whole, so a
+#: thread never pairs one config with another's store.
+_CACHED: tuple[Any, ContentOptions | None, _content.ContentStore | None] = (None, None, None)
+
+
+def _options(config: Any) -> ContentOptions:
+    global _CACHED
+    cached = _CACHED
+    if cached[0] is config and cached[1] is not None:
+        return cached[1]
+    options = ContentOptions(config)
+    _CACHED = (config, options, None)
+    return options
+
+
 def content_store(runtime: Runtime) -> _content.ContentStore:
+    global _CACHED
     config = runtime.config
-    return _content.store_for(config.trace_dir, ContentOptions(config).store_bytes,
-                              config.redact)
+    cached = _CACHED
+    store = cached[2] if cached[0] is config else None
+    if store is not None and not store.retired:
+        return store
+    options = _options(config)
+    store = _content.store_for(config.trace_dir, options.store_bytes, config.redact)
+    _CACHED = (config, options, store)
+    return store
 
 
 def content_inputs(runtime: Runtime, inputs: dict[str, Any]
@@ -150,7 +173,7 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any]
     Work on the calling thread: one C-level prefix comparison, then O(what the call appended)
     (slice, encode, hash); the store write happens on the store's thread.
     """
-    options = ContentOptions(runtime.config)
+    options = _options(runtime.config)
     if not options.dedup:
         return None
     found = next(((name, what, inputs[name]) for name, what in CONTENT_FIELDS
@@ -202,7 +225,7 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
     Top-level fields of a mapping, a dataclass or a pydantic model, and one level below them
     (``skip``: a field left as it is). With ``content_dedup`` off or nothing to replace:
     ``value`` itself."""
-    options = ContentOptions(runtime.config)
+    options = _options(runtime.config)
     if not options.dedup or value is None or type(value) in (str, int, float, bool, list, tuple):
         return value, 0
     try:
@@ -302,7 +325,7 @@ def input_messages_attrs(messages: Sequence[Mapping[str, Any]],
     extend. With ``content_dedup`` off, or outside a trajectory: all of them, as before."""
     runtime = STATE.runtime
     traj = TRAJECTORY.get()
-    if (runtime is None or traj is None or not ContentOptions(runtime.config).dedup
+    if (runtime is None or traj is None or not _options(runtime.config).dedup
             or not messages):
         return {semconv.GEN_AI_INPUT_MESSAGES: payload_json(convert(messages))}
     chain = _content.chains_of(traj.content, _GENAI_MESSAGES, _content.KIND_MESSAGES)
@@ -313,7 +336,7 @@ def input_messages_attrs(messages: Sequence[Mapping[str, Any]],
     stored = content_store(runtime).put(_content.KIND_MESSAGES, step)
     config = runtime.config
     # a large delta is in the store: the span shows a head of it (``content_inline_bytes``)
-    limit = ContentOptions(config).inline_bytes if stored == "stored" else config.max_field_bytes
+    limit = _options(config).inline_bytes if stored == "stored" else config.max_field_bytes
     attrs: dict[str, Any] = {
         semconv.GEN_AI_INPUT_MESSAGES: to_payload(convert(step.delta), max_bytes=limit,
                                                   redact=config.redact).json,

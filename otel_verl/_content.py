@@ -204,7 +204,8 @@ class DeltaChain:
     call's span id. Not thread-safe by itself: the calls of one trajectory run on one event loop.
     """
 
-    __slots__ = ("_full_hasher", "_full_id", "_full_len", "_items", "_kind", "_marks",
+    __slots__ = ("_full_hasher", "_full_id", "_full_len", "_items", "_kind", "_mark_ids",
+                 "_marks",
                  "_prompt_hasher", "_prompt_id", "_prompt_len", "_span_id")
 
     def __init__(self, kind: str) -> None:
@@ -217,7 +218,9 @@ class DeltaChain:
         self._full_hasher: Any = None
         self._span_id: str | None = None
         #: (length, id) of every node along ``_items``: where a reference may point
-        self._marks: list[tuple[int, str]] = []
+        #: (two flat lists: no tuple per node for the young GC to count)
+        self._marks: list[int] = []
+        self._mark_ids: list[str] = []
 
     @property
     def kind(self) -> str:
@@ -239,11 +242,10 @@ class DeltaChain:
         base_len = 0
         hasher: Any = None
         full = self._full_len
-        if self._full_id is not None and len(new) >= full and new[:full] == self._items:
+        if self._full_id is not None and _is_prefix(self._items, new, full):
             base_id, base_len, hasher = self._full_id, full, self._full_hasher.copy()
         elif (self._prompt_id is not None and self._prompt_len != full
-              and len(new) >= self._prompt_len
-              and new[:self._prompt_len] == self._items[:self._prompt_len]):
+              and _is_prefix(self._items, new, self._prompt_len)):
             base_id, base_len = self._prompt_id, self._prompt_len
             hasher = self._prompt_hasher.copy()
         delta = new[base_len:] if base_len else new
@@ -259,13 +261,16 @@ class DeltaChain:
         if base_id is not None:
             del self._items[base_len:]
             self._items.extend(delta)
-            while self._marks and self._marks[-1][0] > base_len:
+            while self._marks and self._marks[-1] > base_len:
                 self._marks.pop()
+                self._mark_ids.pop()
         else:
             self._items = list(new)
             self._marks = []
-        if not self._marks or self._marks[-1][0] != step.length:
-            self._marks.append((step.length, step.id))
+            self._mark_ids = []
+        if not self._marks or self._marks[-1] != step.length:
+            self._marks.append(step.length)
+            self._mark_ids.append(step.id)
         self._prompt_len = self._full_len = step.length
         self._prompt_id = self._full_id = step.id
         self._prompt_hasher = hasher.copy()
@@ -295,7 +300,8 @@ class DeltaChain:
         node = Step(_content_id(self._kind, hasher), length + len(items), hasher, items, data,
                     content_id, length, span_id)
         self._items.extend(items)
-        self._marks.append((node.length, node.id))
+        self._marks.append(node.length)
+        self._mark_ids.append(node.id)
         self._full_len = node.length
         self._full_id = node.id
         self._full_hasher = hasher
@@ -308,15 +314,32 @@ class DeltaChain:
         None otherwise. C-level comparisons of ``len(value)`` items at most per candidate."""
         n = len(value)
         items = self._items
-        for length, content_id in reversed(self._marks):
-            if length <= n and value[:length] == items[:length]:
+        marks, ids = self._marks, self._mark_ids
+        for at in range(len(marks) - 1, -1, -1):
+            length, content_id = marks[at], ids[at]
+            if _is_prefix(items, value, length):
                 return {REF_KEY: content_id, "len": length, "delta": value[length:]}
-        starts = [length for length, _ in self._marks]
-        for end, content_id in self._marks:
+        starts = set(marks)
+        for end, content_id in zip(marks, ids, strict=True):
             start = end - n
             if start > 0 and start in starts and items[start:end] == value:
                 return {REF_KEY: content_id, "start": start, "len": n}
         return None
+
+
+def _is_prefix(items: list[Any], new: list[Any], n: int) -> bool:
+    """``new[:n] == items[:n]`` (both at least ``n`` long, else False), with as few copies as
+    possible: the ends first (a prompt that does not extend fails in O(1)), then one C-level
+    comparison over a slice only where one side is longer than ``n``."""
+    if n > len(new) or n > len(items):
+        return False
+    if n == 0:
+        return True
+    if new[n - 1] != items[n - 1] or new[0] != items[0]:
+        return False
+    if len(new) == n:
+        return new == items if len(items) == n else new == items[:n]
+    return new[:n] == items if len(items) == n else new[:n] == items[:n]
 
 
 #: the key of a reference object inside a payload (docs/content.md)
@@ -348,15 +371,24 @@ def chains_of(holder: dict[str, Any], field: str, kind: str) -> DeltaChain:
 
 def node_line(kind: str, step: Step, scrubbed_delta: Any = None) -> bytes:
     """One store line for a node (the format of the module docstring)."""
-    head = {"id": step.id, "kind": kind, "len": step.length, "base": step.base_id,
-            "base_len": step.base_len}
+    return _line(kind, step.id, step.length, step.base_id, step.base_len, step.delta_bytes,
+                 step.delta if scrubbed_delta is None else scrubbed_delta)
+
+
+def _line(kind: str, content_id: str, length: int, base_id: str | None, base_len: int,
+          delta_bytes: bytes, delta: Any) -> bytes:
+    head = {"id": content_id, "kind": kind, "len": length, "base": base_id,
+            "base_len": base_len}
     text = _dumps_sorted(head)[:-1]
     if kind == KIND_TOKENS:
-        body = b"[" + step.delta_bytes[:-1] + b"]"
+        body = b"[" + delta_bytes[:-1] + b"]"
     else:
-        delta = step.delta if scrubbed_delta is None else scrubbed_delta
         body = _dumps_sorted(delta)
     return text + b',"delta":' + body + b"}\n"
+
+
+#: items per queued node in ``ContentStore._queue`` (kept flat: see ``ContentStore.put``)
+_NODE_ITEMS = 7
 
 
 class ContentStore:
@@ -370,8 +402,11 @@ class ContentStore:
         self._seen: set[str] = set()
         self._reserved = 0
         self._lock = threading.Lock()
-        #: nodes waiting for the store's thread, and their bytes
-        self._queue: collections.deque[tuple[str, Step]] = collections.deque()
+        #: nodes waiting for the store's thread, and their bytes: ``_NODE_ITEMS`` flat items per
+        #: node (kind, id, len, base, base_len, delta bytes, delta or None), no tuple or Step
+        #: kept per node: a container per LLM call that lives until the next write feeds the
+        #: young GC, which scans every 32k-token list in flight (a token node keeps only bytes)
+        self._queue: collections.deque[Any] = collections.deque()
         self._queued_bytes = 0
         self._pending = 0
         self._idle = threading.Condition(self._lock)
@@ -385,6 +420,8 @@ class ContentStore:
                        "content_dropped": 0, "content_dropped_bytes": 0, "content_errors": 0,
                        "content_redacted": 0}
         self._warned = False
+        #: set when ``close_all`` or a fork drops this store: callers holding it take a new one
+        self.retired = False
 
     def put(self, kind: str, step: Step) -> str:
         """Store a node once: ``"stored"`` (now or before), or ``"missing"`` (over budget).
@@ -410,7 +447,9 @@ class ContentStore:
                     self._thread = threading.Thread(target=self._run, name="otel_verl-content",
                                                     daemon=True)
                     self._thread.start()
-                self._queue.append((kind, step))
+                self._queue.extend((kind, step.id, step.length, step.base_id, step.base_len,
+                                    step.delta_bytes,
+                                    None if kind == KIND_TOKENS else step.delta))
                 self._queued_bytes += size
                 if self._queued_bytes >= WAKE_BYTES:  # else the thread comes by on its own:
                     self._wake.notify()  # no thread switch per call on the rollout's loop
@@ -433,9 +472,10 @@ class ContentStore:
                 batch = list(self._queue)
                 self._queue.clear()
                 self._queued_bytes = 0
-            for kind, step in batch:
+            count = len(batch) // _NODE_ITEMS
+            for at in range(0, len(batch), _NODE_ITEMS):
                 try:
-                    self._write(kind, step)
+                    self._write(*batch[at:at + _NODE_ITEMS])
                 except Exception as exc:  # noqa: BLE001 - disk full, a bad item: counted, said
                     with self._lock:
                         self.counts["content_errors"] += 1
@@ -448,18 +488,18 @@ class ContentStore:
                         self.counts["content_errors"] += 1
                     _log.warning("otel_verl: content store write failed: %r", exc)
             with self._idle:
-                self._pending -= len(batch)
+                self._pending -= count
                 if self._pending == 0:
                     self._idle.notify_all()
 
-    def _write(self, kind: str, step: Step) -> None:
-        scrubbed = None
+    def _write(self, kind: str, content_id: str, length: int, base_id: str | None,
+               base_len: int, delta_bytes: bytes, delta: Any) -> None:
         if kind == KIND_MESSAGES and self.redact:
-            scrubbed, hits = _scrub_value(step.delta)
+            delta, hits = _scrub_value(delta)
             if hits:
                 with self._lock:
                     self.counts["content_redacted"] += hits
-        line = node_line(kind, step, scrubbed)
+        line = _line(kind, content_id, length, base_id, base_len, delta_bytes, delta)
         if self._file is None:
             os.makedirs(self.directory, exist_ok=True)
             self._file = open(self.path, "ab")  # noqa: SIM115 - held open, closed in close()
@@ -559,6 +599,7 @@ def close_all(timeout_s: float = 5.0) -> dict[str, int]:
         _STORES.clear()
     total: dict[str, int] = {}
     for store in stores:
+        store.retired = True
         store.close(timeout_s)
         for key, value in store.stats().items():
             total[key] = total.get(key, 0) + value
@@ -575,6 +616,8 @@ def stats_all() -> dict[str, int]:
 
 
 def _after_fork_in_child() -> None:
+    for store in _STORES.values():
+        store.retired = True
     _STORES.clear()  # the parent's threads and files are not the child's
 
 
