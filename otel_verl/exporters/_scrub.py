@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 try:  # user patterns with a time limit (``pip install otel-verl[regex]``); see _UserPatterns
@@ -250,6 +250,19 @@ def _gated_starts(data: bytes, gate: bytes, anchors: tuple[tuple[bytes, int, str
     return found
 
 
+def _runs(mask: bytes, run: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each run of ``mask`` (a byte mask: a space ends a run) that starts with
+    ``run``, left to right."""
+    n = len(mask)
+    pos = mask.find(run)
+    while pos != -1:
+        end = mask.find(b" ", pos)
+        if end == -1:
+            end = n
+        yield pos, end
+        pos = mask.find(run, end)
+
+
 #: the shortest secret of any prefixed rule: "xoxb-" and 10 characters
 _TOKEN_MIN = b"x" * 15
 
@@ -363,29 +376,16 @@ class _Finder:
     def unprefixed(self) -> None:
         """The 40-hex W&B key (optionally ``local-``) and AWS access key ids, from byte masks."""
         text, data, spans = self.text, self.ascii, self.spans
-        n = len(data)
         runs = self.runs_mask()
         if runs.find(_UPPER20.replace(b"U", b"x")) == -1:
             return  # both shapes are runs of 20+ token characters
-        hexes = data.translate(_HEX_MASK)
-        pos = hexes.find(_HEX40)
-        while pos != -1:
-            end = hexes.find(b" ", pos)
-            if end == -1:
-                end = n
+        for pos, end in _runs(data.translate(_HEX_MASK), _HEX40):
             if end - pos == 40:
                 spans.append((pos - 6 if text.startswith("local-", pos - 6) else pos, end))
-            pos = hexes.find(_HEX40, end)
-        uppers = data.translate(_UPPER_MASK)
-        pos = uppers.find(_UPPER20)
-        while pos != -1:
-            end = uppers.find(b" ", pos)
-            if end == -1:
-                end = n
+        for pos, _ in _runs(data.translate(_UPPER_MASK), _UPPER20):
             match = _RULE["aws_access_key_id"].match(text, pos)
             if match is not None and _boundary_ok(text, pos):
                 spans.append(match.span())
-            pos = uppers.find(_UPPER20, end)
 
     def schemes(self) -> None:
         """``Bearer``/``Basic``/``Token`` values: a scheme word, spaces, a run of 12+ characters."""
@@ -393,20 +393,15 @@ class _Finder:
         mask = self.runs_mask()
         n = len(mask)
         budget = _budget(n, 8192)
-        pos = mask.find(_RUN)
-        while pos != -1:  # from the runs, while they are few
+        for pos, end in _runs(mask, _RUN):  # from the runs, while they are few
             budget -= 1
             if budget < 0:
                 break
-            end = mask.find(b" ", pos)
-            if end == -1:
-                end = n
             if pos > 0 and text[pos - 1].isspace() and \
                     _SCHEME_BEFORE.search(text, max(0, pos - 12), pos) is not None:
                 value = _SCHEME_VALUE.match(text, pos, end)
                 if value is not None:
                     spans.append(value.span())
-            pos = mask.find(_RUN, end)
         else:
             return
         lower = self.lower()  # many runs: from the scheme words instead
