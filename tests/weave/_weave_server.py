@@ -4,7 +4,9 @@ adapter, as the hosted service layers them) behind a small HTTP shim on 127.0.0.
 The shim does what the hosted HTTP layer does for the routes the exporter uses: checks the Basic
 auth header, validates the body with weave's own request model (``tsi.CallsUpsertCompleteReq``),
 checks that every call's ``project_id`` matches the URL, and hands the request to the real server
-method. It can also inject faults (a list of statuses to answer before serving normally).
+method. Also the eager routes (``/v2/{entity}/{project}/call/start`` and ``.../call/end``:
+``call_start_v2`` / ``call_end_v2``, a call started before it ends); a server error is answered
+as weave's error registry says (a duplicate call id: 409). It can also inject faults (a list of statuses to answer before serving normally).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from weave.trace_server.external_to_internal_trace_server_adapter import (
 from weave.trace_server.sqlite_trace_server import SqliteTraceServer
 
 _COMPLETE = re.compile(r"^/v2/([^/]+)/([^/]+)/calls/complete$")
+#: the eager routes Weave's own client uses for a call started before it ends
+_EAGER = re.compile(r"^/v2/([^/]+)/([^/]+)/call/(start|end)$")
 _OTEL = "/otel/v1/traces"
 
 
@@ -121,6 +125,9 @@ class WeaveShim:
         if auth != self.expected_auth:
             record["status"] = 401
             return 401, {"reason": "bad auth"}
+        eager = _EAGER.match(path)
+        if eager:
+            return self._handle_eager(record, eager, raw)
         m = _COMPLETE.match(path)
         if not m:
             record["status"] = 404
@@ -136,8 +143,65 @@ class WeaveShim:
             record["status"] = 400
             return 400, {"reason": "project_id does not match the URL"}
         with self._lock:  # sqlite server: one writer at a time
-            self.server.calls_complete(req)
+            failed = self._serve(record, self.server.calls_complete, req)
+        if failed is not None:
+            return failed
         record["status"] = 200
+        return 200, {}
+
+    def _serve(self, record: dict[str, Any], method: Any, req: Any) -> tuple[int, Any] | None:
+        """Call the server; an error answered as weave's own error registry says, except a
+        duplicate call id (SQLite's UNIQUE constraint on ``calls.id``, which weave does not
+        register: 500 there), answered 409 Conflict here. The failed transaction is rolled
+        back (the connection is this thread's; a keep-alive connection's next request would
+        otherwise commit what the failed one had inserted)."""
+        import sqlite3
+
+        from weave.trace_server.errors import ErrorRegistry
+        from weave.trace_server.sqlite_trace_server import get_conn_cursor
+
+        try:
+            method(req)
+            return None
+        except Exception as exc:
+            internal = getattr(self.server, "_internal_trace_server", None)
+            if internal is not None and hasattr(internal, "db_path"):
+                get_conn_cursor(internal.db_path)[0].rollback()
+            if isinstance(exc, sqlite3.IntegrityError) and "calls.id" in str(exc):
+                status, doc = 409, {"reason": f"call already exists: {exc}"}
+            else:
+                answer = ErrorRegistry().handle_exception(exc)
+                status, doc = answer.status_code, answer.message
+            record["status"] = status
+            record["error"] = repr(exc)
+            return status, doc
+
+    def _handle_eager(self, record: dict[str, Any], m: re.Match[str], raw: bytes
+                      ) -> tuple[int, Any]:
+        """``/v2/{entity}/{project}/call/start`` and ``.../call/end`` (weave's
+        ``call_start_v2`` / ``call_end_v2``), validated with weave's own request models."""
+        kind = m.group(3)
+        model = tsi.CallStartV2Req if kind == "start" else tsi.CallEndV2Req
+        try:
+            req = model.model_validate_json(raw)
+        except pydantic.ValidationError as exc:
+            record["status"] = 400
+            return 400, {"reason": str(exc)[:2000]}
+        item = req.start if kind == "start" else req.end
+        record["calls"] = 1
+        record["kind"] = kind
+        record["id"] = item.id
+        if item.project_id != f"{m.group(1)}/{m.group(2)}":
+            record["status"] = 400
+            return 400, {"reason": "project_id does not match the URL"}
+        method = self.server.call_start_v2 if kind == "start" else self.server.call_end_v2
+        with self._lock:
+            failed = self._serve(record, method, req)
+        if failed is not None:
+            return failed
+        record["status"] = 200
+        if kind == "start":
+            return 200, {"id": item.id, "trace_id": getattr(item, "trace_id", None)}
         return 200, {}
 
     def _handle_otel(self, headers: Any, raw: bytes) -> tuple[int, bytes]:

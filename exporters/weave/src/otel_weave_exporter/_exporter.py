@@ -23,6 +23,14 @@ from otel_weave_exporter import _conventions as c
 from otel_weave_exporter._content_objects import content_calls, publish_pending
 from otel_weave_exporter._deliver import SpanDelivery, deliver
 from otel_weave_exporter._encode import encode_call
+from otel_weave_exporter._running import (
+    RunningCalls,
+    body,
+    eager_path,
+    end_of,
+    in_flight_op_id,
+    start_call,
+)
 from otel_weave_exporter._spool import Spool
 from otel_weave_exporter._translate import Translator
 from otel_weave_exporter._transport import HttpSender, basic_auth
@@ -241,6 +249,18 @@ def resolve_config(
     return cfg
 
 
+@dataclass
+class _Eager:
+    """A running call's start or end: one request (``_running``)."""
+
+    index: int  # the span's index in the export
+    kind: str  # "start" | "end"
+    call_id: str
+    body: bytes
+    #: an end's complete call (spooled when the end cannot be sent)
+    complete: bytes | None = None
+
+
 class WeaveSpanExporter(SpanExporter):
     """OpenTelemetry span exporter writing each finished span to W&B Weave as a complete call.
 
@@ -288,6 +308,9 @@ class WeaveSpanExporter(SpanExporter):
         self._closed = threading.Event()
         # the core's vocabulary (otel_verl's processors use the same keys); one call per span
         self._stats = dict.fromkeys(STATS_KEYS, 0)
+        #: calls started from otel_verl's in-flight spans, ended when their op's span comes
+        #: (``_running``; docs/weave.md "Running calls")
+        self._running = RunningCalls()
 
     # -- public -----------------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -299,6 +322,12 @@ class WeaveSpanExporter(SpanExporter):
         """The per-turn content counters (``_content_objects.ContentCalls.stats``); {} when off."""
         content = self._translator.content
         return dict(content.stats) if content is not None else {}
+
+    def running_stats(self) -> dict[str, int]:
+        """Running calls (``_running``): starts accepted, of them already there, ends, starts
+        that were not needed."""
+        with self._stats_lock:
+            return dict(self._running.stats)
 
     @property
     def spool_path(self) -> str | None:
@@ -373,13 +402,17 @@ class WeaveSpanExporter(SpanExporter):
             self._count(dropped_busy=len(spans))
             return SpanExportResult.FAILURE
         try:
-            parts, truncated, skipped, bad = self._encode(spans)
+            eager: list[_Eager] = []
+            parts, truncated, skipped, bad = self._encode(spans, eager=eager)
             self._count(
                 received=len(spans), truncated=truncated, skipped=skipped, translate_failed=bad
             )
+            eager_ok = self._deliver_eager_or_spool(eager, deadline)
             if not parts:
-                return SpanExportResult.SUCCESS if not bad else SpanExportResult.FAILURE
-            return self._deliver(parts, deadline)
+                ok = not bad and eager_ok
+                return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+            result = self._deliver(parts, deadline)
+            return result if eager_ok else SpanExportResult.FAILURE
         finally:
             self._lock.release()
 
@@ -395,44 +428,72 @@ class WeaveSpanExporter(SpanExporter):
         try:
             owners: list[int] = []
             bad: list[int] = []
-            parts, truncated, skipped, _ = self._encode(spans, owners, bad)
+            eager: list[_Eager] = []
+            parts, truncated, skipped, _ = self._encode(spans, owners, bad, eager)
             self._count(received=len(spans), truncated=truncated, skipped=skipped,
                         translate_failed=len(bad))
             rejected = [(i, "the span could not be translated into a Weave call") for i in bad]
+            eager_rejected, eager_retry = self._deliver_eager(eager, deadline)
+            rejected += eager_rejected
             done = deliver(self._sender, self.config.path, parts, self.config.max_request_bytes,
                            deadline) if parts else None
         finally:
             self._lock.release()
         if done is None:
-            unsent = set(bad)
+            unsent = set(bad) | {i for i, _ in eager_rejected} | set(eager_retry)
             return SpanDelivery(accepted=tuple(i for i in every if i not in unsent),
-                                rejected=tuple(rejected))
+                                rejected=tuple(rejected), retryable=tuple(eager_retry))
         self._count(requests=done.requests, retries=done.retries, delivered=done.sent)
         owner = {id(part): index for part, index in zip(parts, owners, strict=True)}
         if len(owner) < len(parts):  # two calls as one object: cannot tell them apart; retry
             return SpanDelivery(retryable=every)
         rejected += [(owner[id(part)], error) for part, error in done.rejected]
-        retryable = [owner[id(part)] for part in done.failed]
+        retryable = [owner[id(part)] for part in done.failed] + eager_retry
         settled = {i for i, _ in rejected} | set(retryable)
         return SpanDelivery(accepted=tuple(i for i in every if i not in settled),
                             rejected=tuple(rejected), retryable=tuple(retryable))
 
     def _encode(self, spans: Sequence[ReadableSpan], owners: list[int] | None = None,
-                failed: list[int] | None = None) -> tuple[list[bytes], int, int, int]:
+                failed: list[int] | None = None, eager: list[_Eager] | None = None
+                ) -> tuple[list[bytes], int, int, int]:
         """The calls of ``spans``; with ``owners``, the index of each call's span is appended
-        there (and with ``failed``, the index of each span that could not be translated)."""
+        there (and with ``failed``, the index of each span that could not be translated).
+
+        Running calls (``_running``): an in-flight span becomes the start of its op's call, and
+        the span of an op whose call was started becomes that call's end; both go to ``eager``
+        (dropped when it is None: nothing then starts a call)."""
         tr = self._translator
         tr.begin_batch(spans)
+        running = self._running
         max_call = self.config.max_call_bytes
         parts: list[bytes] = []
         truncated = skipped = bad = 0
+        here: set[int] | None = None
         for index, span in enumerate(spans):
             try:
+                op_id = in_flight_op_id(span)
+                if op_id is not None:  # the start of the stuck op's call, not a call of its own
+                    if here is None:
+                        here = {s.context.span_id for s in spans}
+                    if (eager is None or int(op_id, 16) in here or running.is_ended(op_id)
+                            or running.is_started(op_id)):
+                        running.stats["starts_skipped"] += 1  # ended (or started) already
+                        continue
+                    data, cut = encode_call(start_call(tr, span, op_id), max_call)
+                    eager.append(_Eager(index, "start", op_id, body("start", data)))
+                    truncated += cut
+                    continue
                 call = tr.translate(span)
                 if call is None:
                     skipped += 1
                     continue
                 data, cut = encode_call(call, max_call)
+                running.ended(call["id"])
+                if eager is not None and running.is_started(call["id"]):
+                    end, _ = encode_call(end_of(call), max_call)
+                    eager.append(_Eager(index, "end", call["id"], body("end", end), data))
+                    truncated += cut
+                    continue
             except Exception:
                 bad += 1
                 if failed is not None:
@@ -445,6 +506,57 @@ class WeaveSpanExporter(SpanExporter):
                 owners.append(index)
         publish_pending(tr.content, self._sender, self.config.timeout_s)  # before their calls
         return parts, truncated, skipped, bad
+
+    def _deliver_eager(self, eager: list[_Eager], deadline: float
+                       ) -> tuple[list[tuple[int, str]], list[int]]:
+        """Send the starts and ends of running calls, one request each (as Weave's client does
+        for eager calls); (rejected, retryable) span indices. A start the server answers 409
+        (the id exists) is already done. After the first failure that may pass, the rest are
+        retryable without being tried."""
+        rejected: list[tuple[int, str]] = []
+        retry: list[int] = []
+        requests = retries = 0
+        for item in eager:
+            if retry:
+                retry.append(item.index)
+                continue
+            result = self._sender.send(eager_path(self.config.path, item.kind), item.body,
+                                       deadline)
+            retries += result.attempts - (1 if result.ok else 0)
+            conflict = item.kind == "start" and result.status == 409
+            if result.ok or conflict:
+                requests += result.ok
+                with self._stats_lock:
+                    if item.kind == "start":
+                        self._running.started(item.call_id)
+                        self._running.stats["started"] += 1
+                        self._running.stats["start_conflicts"] += conflict
+                    else:
+                        self._running.stats["ended"] += 1
+                if item.kind == "end":
+                    self._count(delivered=1)
+            elif result.rejected or result.too_large:
+                rejected.append((item.index, result.error))
+            else:
+                retry.append(item.index)
+        self._count(requests=requests, retries=retries)
+        return rejected, retry
+
+    def _deliver_eager_or_spool(self, eager: list[_Eager], deadline: float) -> bool:
+        """``_deliver_eager`` for ``export``: an end that could not be sent is spooled as its
+        complete call (a replay answered 409 ends the call); a start that could not be sent is
+        only logged (the op's complete call comes when it ends). True when all went."""
+        if not eager:
+            return True
+        rejected, retry = self._deliver_eager(eager, deadline)
+        by_index = {item.index: item for item in eager}
+        unsent = [by_index[i].complete for i in retry if by_index[i].complete is not None]
+        if unsent:
+            self._undeliverable([p for p in unsent if p is not None], "the end of a running call")
+        for index, error in rejected:
+            _log.warning("otel-weave-exporter: the %s of running call %s was refused (%s)",
+                         by_index[index].kind, by_index[index].call_id, error[:300])
+        return not rejected and not retry
 
     def _deliver(self, parts: list[bytes], deadline: float) -> SpanExportResult:
         """POST in request-sized batches (see ``_deliver``): one call the server refuses as
