@@ -31,6 +31,7 @@ from _run import BATCH, EXPERIMENT, MAX_SAMPLES, PROJECT, STEPS, N, Run, run_mai
 from otel_verl import semconv
 from otel_verl.demo.otlp_receiver import OTLPReceiver, joined_spans_only
 from otel_verl.store import group_trajectories, read_spans
+from otel_verl.store._content import ContentIndex
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -145,7 +146,25 @@ def _assert_rollout_traces(run: Run) -> dict[int, set[Any]]:
     return chosen
 
 
+def _assert_parity(run: Run, store_dir: Path) -> None:
+    """Every traced trajectory (training and validation) equals what the trainer consumed in
+    this run (the integration's content-id records of verl's AgentLoopOutput, issue 22), and its
+    LLM calls carry the policy version that served them, one version per step, moving."""
+    from otel_verl.store._parity import check, load_consumed
+
+    reports = check(_spans(run), ContentIndex.load(store_dir), load_consumed(store_dir))
+    training = [r for r in reports if not r.traced.key[3]]
+    assert len(training) == STEPS * MAX_SAMPLES * N, [r.label() for r in reports]
+    assert all(r.equal for r in reports), [r.as_dict() for r in reports if not r.equal]
+    versions: dict[Any, set[Any]] = defaultdict(set)
+    for r in training:
+        versions[r.traced.key[0]].update(t.version for t in r.traced.turns)
+    # verl syncs weights with global_steps after each step: step k samples with version k - 1
+    assert dict(versions) == {k: {k - 1} for k in range(1, STEPS + 1)}, dict(versions)
+
+
 def test_v1_trainer_is_traced(v1_run: Run) -> None:
+    _assert_parity(v1_run, v1_run.trace_dir)
     chosen = _assert_rollout_traces(v1_run)
     assert all(len(v) == 1 for v in chosen.values())
     # the validation pass before training: step 0, validate=True, one sample (the limit), its
@@ -158,6 +177,8 @@ def test_v1_trainer_is_traced(v1_run: Run) -> None:
 
 
 def test_legacy_trainer_through_the_collector(legacy_run: Run, v1_run: Run) -> None:
+    # the content store and the parity records are otel_verl's own (its trace dir, the spool's)
+    _assert_parity(legacy_run, Path(legacy_run.trace_dir).parent / "otel_verl_spool")
     chosen = _assert_rollout_traces(legacy_run)
     # deterministic sampling: same data order (verl's seeded loader), same traced samples
     assert chosen == _assert_rollout_traces(v1_run)
