@@ -27,7 +27,8 @@ from otel_verl import _content, semconv
 from otel_verl.store._content import ContentError, ContentIndex
 from otel_verl.store._parity import TracedTrajectory, traced_trajectories
 
-__all__ = ["FORMATS", "export_rows", "write_dataset", "write_jsonl", "write_parquet"]
+__all__ = ["FORMATS", "export_file", "export_rows", "write_dataset", "write_jsonl",
+           "write_parquet"]
 
 FORMATS = ("jsonl", "parquet")
 
@@ -192,3 +193,56 @@ def write_dataset(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
     return write_parquet(rows, path) if fmt == "parquet" else write_jsonl(rows, path)
+
+
+def _query_filters(query: Mapping[str, str]) -> dict[str, Any]:
+    """The viewer's table filters (``step``, ``sample_index``, ``rollout_n``, ``experiment``,
+    ``validate``, ``reward_min``, ``reward_max``; empty = any) as ``export_rows`` filters.
+
+    Raises:
+        ValueError: a filter that is not a number (or a boolean) where one is needed.
+    """
+    def get(name: str) -> str | None:
+        value = query.get(name)
+        return value if value not in (None, "") else None
+
+    out: dict[str, Any] = {}
+    for name in ("step", "sample_index", "rollout_n"):
+        value = get(name)
+        if value is not None:
+            out[name] = int(value)
+    for name, key in (("reward_min", "min_reward"), ("reward_max", "max_reward")):
+        value = get(name)
+        if value is not None:
+            out[key] = float(value)
+    if get("experiment") is not None:
+        out["experiment"] = get("experiment")
+    validate = get("validate")
+    if validate is not None:
+        if validate not in ("true", "false"):
+            raise ValueError(f"validate={validate!r}: true or false")
+        out["validate"] = validate == "true"
+    return out
+
+
+def export_file(trace_dir: str | os.PathLike[str], query: Mapping[str, str], fmt: str
+                ) -> tuple[bytes, int]:
+    """The viewer's export of its filtered table: (the file's bytes, rows) for ``fmt``."""
+    import io
+
+    from otel_verl.store import read_spans
+
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
+    rows = export_rows(read_spans(trace_dir, warn=False), ContentIndex.load(trace_dir),
+                       **_query_filters(query))
+    if fmt == "jsonl":
+        body = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n"
+                       for r in rows)
+        return body.encode("utf-8"), len(rows)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist([dict(r) for r in rows]), buffer)
+    return buffer.getvalue(), len(rows)

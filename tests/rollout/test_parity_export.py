@@ -75,3 +75,23 @@ def test_exported_dataset_loads_and_rebuilds_every_traced_conversation(tmp_path,
     assert [d["kind"] for r in reports for d in r["differences"]] == ["mask"]
     roots = [s for s in spans if s["attributes"].get(semconv.OTEL_VERL_TRAJECTORY)]
     assert {r["trace_id"] for r in reports} == {s["trace_id"] for s in roots}
+
+
+def test_the_viewers_export_holds_the_filtered_rows(tmp_path):
+    import io
+
+    import pytest
+
+    from otel_verl.store._export import export_file
+
+    outs, _ = _run(tmp_path, 2)
+    body, n = export_file(tmp_path / "traces", {"sample_index": "1", "validate": "false",
+                                                "reward_min": "", "page": "0"}, "jsonl")
+    (row,) = [json.loads(line) for line in body.decode().splitlines()]
+    assert n == 1 and row["sample_index"] == 1
+    assert row["prompt_ids"] + row["response_ids"] == outs[1].prompt_ids + outs[1].response_ids
+    body, n = export_file(tmp_path / "traces", {}, "parquet")
+    assert n == 2 and pq.read_table(io.BytesIO(body)).num_rows == 2
+    for bad in ({"step": "x"}, {"validate": "maybe"}):
+        with pytest.raises(ValueError):
+            export_file(tmp_path / "traces", bad, "jsonl")
