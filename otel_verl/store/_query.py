@@ -82,15 +82,16 @@ _MAX = 2**63 - 1
 _MAP_COLUMNS = ("ResourceAttributes", "SpanAttributes", "reward_components", "report_counts")
 _IDENTITY = ("step IS NULL AND sample_index IS NULL AND rollout_n IS NULL")
 
-#: the trajectory model in SQL (over the ``spans`` view)
-TRAJECTORIES_SQL = f"""
+#: the trajectory model in SQL (over the ``spans`` view), with the marks
+#: :func:`trajectories_sql` fills
+_TRAJECTORIES_TEMPLATE = f"""
 WITH s AS (
     SELECT DISTINCT ON (TraceId, SpanId)
         TraceId, SpanId, ParentSpanId, SpanName, epoch_ns(Timestamp) AS start_ns, Duration,
         StatusCode, experiment, project, step, sample_index, rollout_n, validate,
         is_trajectory, is_llm, is_tool, tool_error, reward, eval_score, eval_label, turns,
         tokens_in, tokens_out, termination, sampling_reason, sampling_weight, error_text,
-        finish_reason, policy_version,
+        finish_reason, policy_version__TEXT_S__,
         CASE WHEN {_IDENTITY} THEN (CASE WHEN is_trajectory THEN 'root:' || SpanId END)
              ELSE concat_ws('|', coalesce(experiment, '~'), coalesce(validate::VARCHAR, '~'),
                             coalesce(step::VARCHAR, '~'), coalesce(sample_index::VARCHAR, '~'),
@@ -149,7 +150,7 @@ t AS (
             AS finish_reason,
         coalesce(min(policy_version) FILTER (WHERE is_trajectory),
                  arg_min(policy_version, start_ns) FILTER (WHERE policy_version IS NOT NULL))
-            AS policy_version
+            AS policy_version__TEXT_T__
     FROM a WHERE tk IS NOT NULL GROUP BY TraceId, tk)
 SELECT trace_id || ':' || span_id AS key, trace_id, span_id, name, project, experiment, step,
     sample_index, rollout_n, validate,
@@ -159,15 +160,41 @@ SELECT trace_id || ':' || span_id AS key, trace_id, span_id, name, project, expe
     tool_errors, errors, error, start_ns,
     least(end_ns - start_ns, {_MAX})::BIGINT AS duration_ns, llm_ns,
     CASE WHEN errors > 0 THEN 'error' WHEN NOT rooted THEN 'partial' ELSE 'ok' END AS status,
-    sampling_reason, termination, finish_reason, policy_version
+    sampling_reason, termination, finish_reason, policy_version__TEXT_F__
 FROM t
 """
+#: the viewer's text columns of a trajectory row (the SQLite index's rule, ``_row_of_trajectory``:
+#: the first prompt and the last answer of its spans by (start, span id), cut at 400
+#: characters; ``search``: prompt, answer, tool calls and the error, lower-cased, 4000 at most)
+TEXT_COLUMNS = ("prompt", "response", "search")
+_TEXT_S = ", text_prompt, text_response, text_tool"
+_ORDER = "(coalesce(start_ns, 0), SpanId)"
+_TEXT_T = f""",
+        arg_min(text_prompt, {_ORDER}) FILTER (WHERE text_prompt IS NOT NULL) AS text_prompt,
+        arg_max(text_response, {_ORDER}) FILTER (WHERE text_response IS NOT NULL)
+            AS text_response,
+        list(text_tool ORDER BY {_ORDER}) FILTER (WHERE text_tool IS NOT NULL) AS text_tools"""
+_SNIPPET_SQL = ("CASE WHEN coalesce({c}, '') = '' THEN NULL WHEN length({c}) <= 400 THEN {c} "
+                "ELSE left({c}, 399) || '…' END")
+_TEXT_F = (", " + _SNIPPET_SQL.format(c="text_prompt") + " AS prompt, "
+           + _SNIPPET_SQL.format(c="text_response") + " AS response, "
+           "lower(left(array_to_string(list_concat([coalesce(text_prompt, ''), "
+           "coalesce(text_response, '')], coalesce(text_tools, []), CASE WHEN coalesce(error, '') "
+           "<> '' THEN [error] ELSE [] END), chr(10)), 4000)) AS search")
 
 
-def trajectories_sql(source: str = "spans") -> str:
-    """:data:`TRAJECTORIES_SQL` over another relation of span rows."""
-    return TRAJECTORIES_SQL.replace("__SOURCE__", source)
+def trajectories_sql(source: str = "spans", *, texts: bool = False) -> str:
+    """:data:`TRAJECTORIES_SQL` over another relation of span rows (``texts``: with the
+    viewer's :data:`TEXT_COLUMNS` too, from the spans' ``text_*`` columns)."""
+    sql = _TRAJECTORIES_TEMPLATE.replace("__SOURCE__", source)
+    for mark, text in (("__TEXT_S__", _TEXT_S), ("__TEXT_T__", _TEXT_T),
+                       ("__TEXT_F__", _TEXT_F)):
+        sql = sql.replace(mark, text if texts else "")
+    return sql
 
+
+#: the trajectory model in SQL (over the ``spans`` view)
+TRAJECTORIES_SQL = trajectories_sql("__SOURCE__")
 
 #: the weighted step statistics (the one implementation; docs/sampling.md)
 STEPS_SQL = """
@@ -265,6 +292,18 @@ def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
             con.execute(f"DROP {kind} {name}")
 
 
+_WITHOUT_TEXT = f"SELECT * EXCLUDE ({', '.join(TEXT_COLUMNS)}) FROM trajectories_text"
+
+
+def _has_texts(cache: str) -> bool:
+    """Whether compaction's trajectories file is there with the viewer's text columns (one
+    written before they were is not used: the rows are built again from the segments)."""
+    try:
+        return set(TEXT_COLUMNS) <= set(pq.read_schema(cache).names)
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def traces_path(lake: str, runs: int) -> str:
     """``trace_id -> (experiment, step)`` of the segments' trajectories, sorted by trace id."""
     return os.path.join(lake, "trajectories", f"traces-{runs}.parquet")
@@ -280,6 +319,11 @@ def reports_path(lake: str, runs: int) -> str:
     return os.path.join(lake, "trajectories", f"reports-{runs}.parquet")
 
 
+_SQL_TYPES = {f.name: {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE",
+                        pa.bool_(): "BOOLEAN"}[f.type] for f in SPAN_SCHEMA
+              if f.type in (pa.string(), pa.int64(), pa.float64(), pa.bool_())}
+
+
 def create_views(con: duckdb.DuckDBPyConnection, segments: list[str], payloads: list[str],
                  excluded: set[str]) -> None:
     """``segment_spans``, ``spans`` and ``payloads`` over the segments and the registered
@@ -289,8 +333,14 @@ def create_views(con: duckdb.DuckDBPyConnection, segments: list[str], payloads: 
     names = ", ".join(f'"{n}"' for n in SPAN_SCHEMA.names)
     if segments:
         files = "[" + ", ".join(_q(s) for s in segments) + "]"
-        con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
-                    f"read_parquet({files}, hive_partitioning = false){where}")
+        # segments written before a column was added (the text columns) read it as NULL
+        held = [set(pq.read_schema(s).names) for s in segments]
+        every, some = set.intersection(*held), set.union(*held)
+        chosen = ", ".join(f'"{n}"' if n in some or n not in _SQL_TYPES else
+                           f'NULL::{_SQL_TYPES[n]} AS "{n}"' for n in SPAN_SCHEMA.names)
+        union = ", union_by_name = true" if some != every else ""
+        con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {chosen} FROM "
+                    f"read_parquet({files}, hive_partitioning = false{union}){where}")
     else:
         con.execute(f"CREATE OR REPLACE VIEW segment_spans AS SELECT {names} FROM "
                     "raw_spans_arrow WHERE false")
@@ -321,7 +371,7 @@ def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
         final = cache_path(lake, manifest.runs)
         os.makedirs(os.path.dirname(final), exist_ok=True)
         tmp = os.path.join(lake, "tmp", f"cache-{os.getpid()}-{manifest.runs}.parquet")
-        con.execute(f"COPY ({trajectories_sql('segment_spans')} ORDER BY experiment, validate, "
+        con.execute(f"COPY ({trajectories_sql('segment_spans', texts=True)} ORDER BY experiment, validate, "
                     f"step, start_ns, trace_id) TO {_q(tmp)} "
                     "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
         final_reports = reports_path(lake, manifest.runs)
@@ -461,7 +511,7 @@ class Lake:
             con.execute("CREATE OR REPLACE TEMP VIEW raw_reports AS SELECT TraceId, SpanId, "
                         "experiment, validate, step, report_counts FROM raw_spans_arrow "
                         "WHERE is_report")
-            if (segments and excluded == set(manifest.excluded) and os.path.exists(cache)
+            if (segments and excluded == set(manifest.excluded) and _has_texts(cache)
                     and os.path.exists(reports)
                     and os.path.exists(steps_path(self.lake_dir, manifest.runs))):
                 # the segments' trajectories as compaction left them; the traces the raw
@@ -475,7 +525,9 @@ class Lake:
                     f"read_parquet({_q(reports)}, hive_partitioning = false) "
                     "UNION ALL SELECT * FROM raw_reports")
                 if not raw.num_rows:  # everything compacted: compaction's rows as they are
-                    con.execute(f"CREATE OR REPLACE VIEW trajectories AS SELECT * FROM {cached}")
+                    con.execute("CREATE OR REPLACE VIEW trajectories_text AS SELECT * FROM "
+                                f"{cached}")
+                    con.execute(f"CREATE OR REPLACE VIEW trajectories AS {_WITHOUT_TEXT}")
                     con.execute(f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {cached_steps}")
                 else:
                     self._ensure_views()
@@ -484,7 +536,11 @@ class Lake:
             else:
                 self._ensure_views()
                 _drop(con, "trajectories")
-                con.execute(f"CREATE OR REPLACE TABLE trajectories AS {trajectories_sql()}")
+                con.execute("CREATE OR REPLACE TABLE trajectories_all AS "
+                            f"{trajectories_sql(texts=True)}")
+                con.execute("CREATE OR REPLACE VIEW trajectories_text AS SELECT * FROM "
+                            "trajectories_all")
+                con.execute(f"CREATE OR REPLACE VIEW trajectories AS {_WITHOUT_TEXT}")
                 con.execute("CREATE OR REPLACE VIEW reports AS SELECT TraceId, SpanId, experiment, "
                             "validate, step, report_counts FROM spans WHERE is_report")
                 con.execute(f"CREATE OR REPLACE VIEW steps AS {steps_sql()}")
@@ -646,11 +702,12 @@ class Lake:
         con.execute("CREATE OR REPLACE TEMP VIEW touched_spans AS SELECT * FROM spans "
                     "WHERE TraceId IN (SELECT TraceId FROM raw_traces)")
         con.execute("CREATE OR REPLACE TABLE touched_trajectories AS "
-                    f"{trajectories_sql('touched_spans')}")
+                    f"{trajectories_sql('touched_spans', texts=True)}")
         con.execute(
-            f"CREATE OR REPLACE VIEW trajectories AS SELECT * FROM {cached} WHERE "
+            f"CREATE OR REPLACE VIEW trajectories_text AS SELECT * FROM {cached} WHERE "
             "trace_id NOT IN (SELECT TraceId FROM raw_traces) UNION ALL "
             "SELECT * FROM touched_trajectories")
+        con.execute(f"CREATE OR REPLACE VIEW trajectories AS {_WITHOUT_TEXT}")
         con.execute(
             "CREATE OR REPLACE TEMP TABLE touched_steps AS "
             "SELECT DISTINCT experiment, validate, step FROM touched_trajectories UNION "

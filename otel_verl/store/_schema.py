@@ -20,6 +20,11 @@ exporter's): ``experiment``, ``project``, ``step``, ``sample_index``, ``rollout_
 ``rollout.sampling.*`` integers), and where it came from: ``source`` (the store file, relative)
 and ``source_offset`` (the byte offset of its line).
 
+Last, the viewer's text of a span (:func:`span_texts`, the SQLite index's rule): ``text_prompt``
+and ``text_response`` (the user prompt and the answer its payloads show, cut at
+:data:`TEXT_MAX` characters) and ``text_tool`` (a tool call as ``name(arguments) -> result``);
+the ``trajectories`` rows build their ``prompt``, ``response`` and ``search`` columns from them.
+
 Payload content (``input.value``, ``output.value``, GenAI messages, tool arguments and results,
 and any attribute value over :data:`PAYLOAD_INLINE_MAX` bytes) is not in ``SpanAttributes``: it
 goes to the payload segments (``TraceId``, ``SpanId``, ``Payload`` map), so the span segments stay
@@ -37,9 +42,10 @@ import pyarrow as pa
 
 from otel_verl import semconv
 from otel_verl.store import _record
+from otel_verl.store._index import _clean, _snippet, prompt_and_response
 from otel_verl.store._record import SpanRecord
 
-__all__ = ["PAYLOAD_SCHEMA", "SPAN_SCHEMA", "Columns"]
+__all__ = ["PAYLOAD_SCHEMA", "SPAN_SCHEMA", "TEXT_MAX", "Columns", "span_texts"]
 
 #: attribute values longer than this (in characters) go to the payload segments
 PAYLOAD_INLINE_MAX = 1024
@@ -100,6 +106,10 @@ SPAN_SCHEMA = pa.schema([
     ("report_counts", pa.map_(pa.string(), pa.int64())),
     ("source", pa.string()),
     ("source_offset", pa.int64()),
+    # the viewer's text, as the SQLite index derives it (otel_verl.store._index._compact)
+    ("text_prompt", pa.string()),
+    ("text_response", pa.string()),
+    ("text_tool", pa.string()),
 ])
 PAYLOAD_SCHEMA = pa.schema([
     ("TraceId", pa.string()), ("SpanId", pa.string()), ("Payload", _STR_MAP),
@@ -156,6 +166,34 @@ def _ns(value: int | None) -> int | None:
 
 
 _FLAT_MAPS = ("ResourceAttributes", "SpanAttributes")
+#: a span's prompt / answer text is cut at this many characters (the SQLite index's)
+TEXT_MAX = 2000
+_TEXT_KEYS = frozenset({semconv.INPUT_VALUE, semconv.OUTPUT_VALUE, semconv.GEN_AI_INPUT_MESSAGES,
+                        semconv.GEN_AI_OUTPUT_MESSAGES})
+
+
+def span_texts(span: SpanRecord) -> tuple[str | None, str | None, str | None]:
+    """A span's prompt, answer and tool-call text, as the SQLite index keeps them (its
+    ``_compact``: the same functions, the same cuts), so both read paths search the same text;
+    valid UTF-8 (a payload's JSON may hold lone surrogates: replaced, as the index does)."""
+    a = span["attributes"]
+    prompt = response = tool = None
+    if not _TEXT_KEYS.isdisjoint(a):
+        found = prompt_and_response(span)  # type: ignore[arg-type]
+        if found[0] is not None:
+            prompt = _clean(_snippet(found[0], TEXT_MAX))
+        if found[1] is not None:
+            response = _clean(_snippet(found[1], TEXT_MAX))
+    if _TOOL_NAME in a or a.get(_KIND) == _TOOL:
+        arguments = a.get(semconv.GEN_AI_TOOL_CALL_ARGUMENTS)
+        result = a.get(semconv.GEN_AI_TOOL_CALL_RESULT)
+        if arguments is None:
+            arguments = a.get(semconv.INPUT_VALUE)
+        if result is None:
+            result = a.get(semconv.OUTPUT_VALUE)
+        tool = _clean(_snippet(f"{a.get(_TOOL_NAME, span['name'])}({_snippet(arguments, 300)}) "
+                               f"-> {_snippet(result, 300)}", 700))
+    return prompt, response, tool
 
 
 class Columns:
@@ -273,7 +311,7 @@ class Columns:
             _text(finish, 100), _text(get(_TERMINATION), 100),
             _text(get(_SAMPLING_REASON), 200), _finite(get(_SAMPLING_WEIGHT)),
             _int(get(POLICY_VERSION)), error[:500] if error else None,
-            (counts if report else None), source, offset,
+            (counts if report else None), source, offset, *span_texts(span),
         ))
         if payload:
             p = self.payload

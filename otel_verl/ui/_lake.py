@@ -10,8 +10,11 @@ columns do not hold is taken from where it lives:
   ``source_offset`` in the ``spans`` view) and decodes them with the store's own decoder, so the
   page shows every attribute with its type as written; a line no longer in the store (the file
   was removed after compaction) is rebuilt from the segments' columns and payloads instead;
-- the table's prompt and answer snippets come from the page's payloads (``payloads`` view), the
-  free-text filter searches the payloads and the error text.
+- the table's prompt and answer snippets and the free-text filter's text are columns of the
+  trajectory rows (``trajectories_text``: ``prompt``, ``response``, ``search``), built at
+  compaction from the spans' text columns by the SQLite index's rule, and the same way for the
+  raw lines' traces, so a table page, a group or a prompt through training is one DuckDB query
+  (filters, sort and limit inside it) and both read paths find the same rows.
 
 Background (``otel-verl ui``): one thread compacts the store's closed files
 (:func:`otel_verl.store._compact.compact`) and, when the store or the manifest changed, opens a
@@ -28,7 +31,6 @@ import logging
 import os
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +46,6 @@ from otel_verl.store._index import (
     _query_int,
     _query_text,
     _quiet_decode,
-    _snippet,
-    prompt_and_response,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +60,6 @@ _logger = logging.getLogger(__name__)
 _SORTABLE = {c for c in TRAJECTORY_COLUMNS if c not in ("prompt", "response", "error", "key")}
 #: decoded store lines kept for trajectory pages (the rollouts of a group share their lines)
 _LINE_CACHE = 16
-_SEARCH_TEXT = 4000
 _SKIP = (".otel_verl_lake" + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
 
 
@@ -115,23 +114,15 @@ class LakeSource:
         self.compactions = 0
         self.last_error: str | None = None
         self._signature: tuple[Any, ...] = ()
-        self._files: dict[str, dict[str, list[str]]] = {}
-        self._excluded: list[str] = []
         self._lake: Lake = self._open()
         self._problems = self._count_problems(self._lake)
 
     # -- opening and swapping ------------------------------------------------------------------
     def _open(self) -> Lake:
-        from otel_verl.store._compact import Manifest
         from otel_verl.store._query import Lake
 
         self._signature = _signature(self._trace_dir)
         lake = Lake.open(self._trace_dir)
-        manifest = Manifest.load(lake.lake_dir)
-        # segment files by partition (experiment=.../step=...): a page reads only its steps'
-        self._files = {kind: _by_partition(lake.lake_dir, names) for kind, names in (
-            ("spans", manifest.segments), ("payload", manifest.payloads))}
-        self._excluded = sorted(manifest.excluded)
         with lake._lock:
             con = lake.connection
             # which store lines hold each trace (the trajectory page re-reads them)
@@ -301,11 +292,8 @@ class LakeSource:
         if errors_only:
             clauses.append("(errors > 0 OR tool_errors > 0)")
         if text:
-            needle = _clean(text.lower())
-            clauses.append(
-                "(contains(lower(coalesce(error, '')), ?) OR trace_id IN (SELECT TraceId FROM "
-                "payloads WHERE contains(lower(array_to_string(map_values(Payload), ' ')), ?)))")
-            params += [needle, needle]
+            clauses.append("contains(search, ?)")
+            params.append(_clean(text.lower()))
         if trace_id:
             clauses.append("starts_with(trace_id, ?)")
             params.append(_clean(trace_id.lower()))
@@ -318,99 +306,28 @@ class LakeSource:
         if page * page_size > _INT64_MAX:
             raise BadRequest(f"page {page} is past the end of any table")
         lake = self._lake
-        total = lake.rows(f"SELECT count(*) AS n FROM trajectories {where}", params)[0]["n"]
+        names = ", ".join([*TRAJECTORY_COLUMNS, *(("search",) if with_search else ())])
+        # one query: the page and the count (the filters, sort and limit all run in DuckDB,
+        # over the trajectories' own text columns)
         found = lake.rows(
-            f"SELECT * FROM trajectories {where} ORDER BY {order} {direction} NULLS LAST, step, "
-            f"sample_index, rollout_n, key LIMIT {page_size} OFFSET {page * page_size}", params)
-        rows = self._rows(lake, found, with_search)
-        return {"total": total, "page": page, "page_size": page_size, "rows": rows}
+            f"SELECT {names}, count(*) OVER () AS __total FROM trajectories_text {where} "
+            f"ORDER BY {order} {direction} NULLS LAST, step, sample_index, rollout_n, key "
+            f"LIMIT {page_size} OFFSET {page * page_size}", params, spans=False)
+        if found:
+            total = found[0]["__total"]
+        else:
+            total = lake.rows(f"SELECT count(*) AS n FROM trajectories_text {where}", params,
+                              spans=False)[0]["n"]
+        for row in found:
+            del row["__total"]
+        return {"total": total, "page": page, "page_size": page_size, "rows": found}
 
     def trajectory_row(self, key: str) -> dict[str, Any] | None:
-        """One row; its prompt and answer from the trace's own lines (which its page reads
-        anyway, through the line cache), not from the payload segments."""
-        lake = self._lake
-        found = lake.rows("SELECT * FROM trajectories WHERE key = ?", [_clean(str(key))])
-        if not found:
-            return None
-        row = {c: found[0].get(c) for c in TRAJECTORY_COLUMNS}
-        spans = sorted(self.trace_spans(str(row["trace_id"])),
-                       key=lambda s: s["start_ns"] if s["start_ns"] is not None else 2**63)
-        for span in spans:
-            prompt, response = prompt_and_response(span)
-            if row["prompt"] is None and prompt is not None:
-                row["prompt"] = _clean(_snippet(prompt))
-            if response is not None:
-                row["response"] = _clean(_snippet(response))
-        return row
-
-    def _rows(self, lake: Lake, found: list[dict[str, Any]], with_search: bool
-              ) -> list[dict[str, Any]]:
-        """Lake rows as the viewer's rows: its columns, with the prompt and answer snippets
-        (and the search text) from the payloads of those traces."""
-        texts = self._texts(lake, sorted({r["trace_id"] for r in found}), with_search)
-        out = []
-        for r in found:
-            row = {c: r.get(c) for c in TRAJECTORY_COLUMNS}
-            prompt, response, search = texts.get(r["trace_id"], (None, None, ""))
-            row["prompt"], row["response"] = prompt, response
-            if with_search:
-                row["search"] = _clean("\n".join(
-                    [prompt or "", response or "", search, r.get("error") or ""]
-                ).lower()[:_SEARCH_TEXT])
-            out.append(row)
-        return out
-
-    def _texts(self, lake: Lake, trace_ids: list[str], with_search: bool
-               ) -> dict[str, tuple[str | None, str | None, str]]:
-        """Per trace: the first prompt and the last answer its payloads show (the index's rule,
-        spans by start time), and the payloads' text for the search column."""
-        if not trace_ids:
-            return {}
-        out: dict[str, tuple[str | None, str | None, str]] = {}
-        for start in range(0, len(trace_ids), 2000):
-            batch = trace_ids[start:start + 2000]
-            marks = ", ".join("?" * len(batch))
-            payloads, spans = (self._relation(lake, kind, batch) for kind in ("payload", "spans"))
-            rows = lake.rows(
-                f"SELECT p.TraceId AS t, p.Payload AS payload FROM ({payloads}) p LEFT JOIN "
-                f"(SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, Timestamp FROM "
-                f"({spans}) WHERE TraceId IN ({marks})) s USING (TraceId, SpanId) WHERE "
-                f"p.TraceId IN ({marks}) ORDER BY p.TraceId, s.Timestamp NULLS LAST, p.SpanId",
-                [*batch, *batch])
-            for row in rows:
-                trace = row["t"]
-                attributes = dict(row["payload"] or {})
-                prompt, response, search = out.get(trace, (None, None, ""))
-                found = prompt_and_response({"attributes": attributes})
-                if prompt is None and found[0] is not None:
-                    prompt = _clean(_snippet(found[0]))
-                if found[1] is not None:
-                    response = _clean(_snippet(found[1]))
-                if with_search and len(search) < _SEARCH_TEXT:
-                    search = (search + "\n" + " ".join(attributes.values()))[:_SEARCH_TEXT]
-                out[trace] = (prompt, response, search)
-        return out
-
-    def _relation(self, lake: Lake, kind: str, trace_ids: list[str]) -> str:
-        """SQL for the ``spans`` or ``payloads`` rows of these traces' partitions only (the
-        segments of their trajectories' experiment and step, and the raw lines)."""
-        view = "spans" if kind == "spans" else "payloads"
-        files = self._files.get(kind, {})
-        if not files:
-            return f"SELECT * FROM {view}"
-        marks = ", ".join(_q(t) for t in trace_ids)
-        wanted = {_part(r["experiment"], r["step"]) for r in lake.rows(
-            f"SELECT DISTINCT experiment, step FROM trajectories WHERE trace_id IN ({marks})")}
-        chosen = [f for part, paths in files.items() if part in wanted for f in paths]
-        raw = "raw_spans_arrow" if kind == "spans" else "raw_payload_arrow"
-        names = "TraceId, SpanId, Timestamp" if kind == "spans" else "TraceId, SpanId, Payload"
-        where = (f" WHERE source NOT IN ({', '.join(_q(s) for s in self._excluded)})"
-                 if kind == "spans" and self._excluded else "")
-        if not chosen:
-            return f"SELECT {names} FROM {raw}"
-        listed = "[" + ", ".join(_q(f) for f in chosen) + "]"
-        return (f"SELECT {names} FROM read_parquet({listed}, hive_partitioning = false){where} "
-                f"UNION ALL SELECT {names} FROM {raw}")
+        """One row (the table's columns, its prompt and answer snippets included)."""
+        found = self._lake.rows(
+            f"SELECT {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories_text WHERE key = ?",
+            [_clean(str(key))], spans=False)
+        return found[0] if found else None
 
     def trace_spans(self, trace_id: str) -> list[dict[str, Any]]:
         """Every stored span of one trace, fully decoded: re-read from the store lines that hold
@@ -471,26 +388,6 @@ class LakeSource:
         self.stop()
         for lake in [*self._retired, self._lake]:
             lake.close()
-
-
-def _q(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _part(experiment: Any, step: Any) -> str:
-    """The partition directory compaction writes a row's segments under."""
-    from otel_verl.store._compact import NULL_PART
-
-    exp = NULL_PART if experiment is None else urllib.parse.quote(str(experiment), safe="")
-    return f"experiment={exp}/step={NULL_PART if step is None else int(step)}"
-
-
-def _by_partition(lake_dir: str, names: list[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for name in names:  # spans/experiment=e/step=n/part-....parquet
-        parts = name.replace(os.sep, "/").split("/")
-        out.setdefault("/".join(parts[1:3]), []).append(os.path.join(lake_dir, name))
-    return out
 
 
 _CODES = {"Unset": "UNSET", "Ok": "OK", "Error": "ERROR"}
