@@ -432,7 +432,8 @@ def as_dict(output: Any) -> dict[str, Any]:
     if issubclass(kind, Mapping):
         return dict(output)
     if dataclasses.is_dataclass(kind):
-        return {f.name: object.__getattribute__(output, f.name) for f in dataclasses.fields(kind)}
+        return {name: object.__getattribute__(output, name)
+                for name in _payload.dataclass_field_names(kind)}
     pydantic = sys.modules.get("pydantic")
     if pydantic is not None and issubclass(kind, pydantic.BaseModel):
         values = object.__getattribute__(output, "__dict__")

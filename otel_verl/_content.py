@@ -242,15 +242,31 @@ class DeltaChain:
         base_len = 0
         hasher: Any = None
         full = self._full_len
-        if self._full_id is not None and _is_prefix(self._items, new, full):
-            base_id, base_len, hasher = self._full_id, full, self._full_hasher.copy()
-        elif (self._prompt_id is not None and self._prompt_len != full
-              and _is_prefix(self._items, new, self._prompt_len)):
+        held = self._items
+        delta: list[Any] | None = None
+        extended = False  # ``held`` already holds ``new`` (the appended items were added)
+        if (self._full_id is not None and len(held) == full
+                and _ends_match(held, new, full)):
+            if len(new) == full:
+                extended = new == held
+            else:  # append the rest, then one C-level comparison of equal-length lists: no
+                delta = new[full:]  # copy of the long prefix (``new[:full] == held`` makes one)
+                held.extend(delta)
+                extended = held == new
+                if not extended:
+                    del held[full:]
+            if extended:
+                base_id, base_len, hasher = self._full_id, full, self._full_hasher.copy()
+        if (base_id is None and self._prompt_id is not None and self._prompt_len != full
+                and _is_prefix(held, new, self._prompt_len)):
             base_id, base_len = self._prompt_id, self._prompt_len
             hasher = self._prompt_hasher.copy()
-        delta = new[base_len:] if base_len else new
+        if delta is None or not extended:
+            delta = new[base_len:] if base_len else new
         data = self._encode(delta)
         if data is None:
+            if extended:
+                del held[full:]  # the chain stays where it was
             return None
         if hasher is None:
             hasher = _hasher()
@@ -259,8 +275,9 @@ class DeltaChain:
                     base_len, self._span_id if base_id is not None else None)
         # the chain moves to this prompt now (a failed call is still the next call's base)
         if base_id is not None:
-            del self._items[base_len:]
-            self._items.extend(delta)
+            if not extended:
+                del held[base_len:]
+                held.extend(delta)
             while self._marks and self._marks[-1] > base_len:
                 self._marks.pop()
                 self._mark_ids.pop()
@@ -327,16 +344,22 @@ class DeltaChain:
         return None
 
 
+def _ends_match(items: list[Any], new: list[Any], n: int) -> bool:
+    """The first and the ``n``-th item of both agree (both at least ``n`` long): O(1), so a
+    prompt that does not extend fails without a pass over it."""
+    if n > len(new) or n > len(items):
+        return False
+    return n == 0 or (new[n - 1] == items[n - 1] and new[0] == items[0])
+
+
 def _is_prefix(items: list[Any], new: list[Any], n: int) -> bool:
     """``new[:n] == items[:n]`` (both at least ``n`` long, else False), with as few copies as
     possible: the ends first (a prompt that does not extend fails in O(1)), then one C-level
     comparison over a slice only where one side is longer than ``n``."""
-    if n > len(new) or n > len(items):
+    if not _ends_match(items, new, n):
         return False
     if n == 0:
         return True
-    if new[n - 1] != items[n - 1] or new[0] != items[0]:
-        return False
     if len(new) == n:
         return new == items if len(items) == n else new == items[:n]
     return new[:n] == items if len(items) == n else new[:n] == items[:n]

@@ -29,6 +29,7 @@ import json
 import math
 import sys
 import uuid
+import weakref
 from collections.abc import Mapping
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -256,8 +257,8 @@ class _Walker:
             items.extend((("_class_name", name), ("_bases", bases)))
             return self._mapping(None, items, depth)
         if dataclasses.is_dataclass(kind):
-            pairs = ((f.name, object.__getattribute__(obj, f.name))
-                     for f in dataclasses.fields(kind))
+            pairs = ((name, object.__getattribute__(obj, name))
+                     for name in dataclass_field_names(kind))
             return self._mapping(None, pairs, depth)
         if issubclass(kind, datetime):
             return self.string(datetime.isoformat(obj))
@@ -399,6 +400,25 @@ def class_record(kind: type) -> tuple[str, list[str]]:
     mro = type.__dict__["__mro__"].__get__(kind)
     names = [type.__dict__["__name__"].__get__(c) for c in mro[:-1]]
     return names[0], names[1:]
+
+
+_FIELD_NAMES: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def dataclass_field_names(kind: type) -> tuple[str, ...]:
+    """``[f.name for f in dataclasses.fields(kind)]``, read once per class (``fields`` filters
+    the class's field table on every call: a visible share of capturing a small output)."""
+    try:
+        names = _FIELD_NAMES.get(kind)
+    except Exception:  # a class that cannot be weakly referenced or hashed: not cached
+        return tuple(f.name for f in dataclasses.fields(kind))
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(kind))
+        try:
+            _FIELD_NAMES[kind] = names
+        except Exception:  # noqa: BLE001 - as above
+            pass
+    return names
 
 
 def _plain_size(chunk: list[Any] | tuple[Any, ...]) -> int:
