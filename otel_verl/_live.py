@@ -372,6 +372,8 @@ class LiveTracker(SpanProcessor):
             start_ns = live.start_time  # exact: the op's own span starts at this very ns
             attrs[semconv.OTEL_VERL_LIVE_START_NS] = start_ns
             op_attrs = attribute_map(live)
+            if op_attrs.get(semconv.OTEL_VERL_TRAJECTORY_CHILD):
+                attrs[semconv.OTEL_VERL_LIVE_TRAJECTORY_CHILD] = True
             value = op_attrs.get(semconv.INPUT_VALUE)
             if isinstance(value, str) and len(value) <= semconv.LIVE_INPUT_MAX:
                 attrs[semconv.OTEL_VERL_LIVE_INPUT] = value

@@ -269,6 +269,8 @@ OTEL_VERL_LIVE_PARENT_SPAN_ID: Final = "otel_verl.live.parent_span_id"
 OTEL_VERL_LIVE_START_NS: Final = "otel_verl.live.start_ns"
 OTEL_VERL_LIVE_INPUT: Final = "otel_verl.live.input"
 OTEL_VERL_LIVE_INPUT_MIME_TYPE: Final = "otel_verl.live.input_mime_type"
+#: on an in-flight span: the stuck op is a direct child of its trajectory span
+OTEL_VERL_LIVE_TRAJECTORY_CHILD: Final = "otel_verl.live.trajectory_child"
 LIVE_INPUT_MAX: Final = 16384
 #: on a straggler report: trajectories in the step, its wall time, the median trajectory, how
 #: long the step waited on its tail, the slowest trajectories (JSON list) and the op that

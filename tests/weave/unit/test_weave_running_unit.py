@@ -190,3 +190,14 @@ def test_hostile_in_flight_spans_never_break_export(recorder, span_id, parent, s
         assert not d.rejected and not d.retryable
     finally:
         exporter.shutdown()
+
+
+def test_trajectory_child_is_a_root_without_trajectory_calls():
+    """keep_trajectory_spans=False: the trajectory span is no call, its children are roots; the
+    start of a stuck op directly under it is a root too (as its complete call would be)."""
+    flight, _, agent = _stuck_op({"otel_verl.live.trajectory_child": True})
+    op_id = in_flight_op_id(flight)
+    kept = start_call(Translator("ent", "proj"), flight, op_id)
+    assert kept["parent_id"] == format(agent.context.span_id, "016x")
+    dropped = start_call(Translator("ent", "proj", keep_trajectory_spans=False), flight, op_id)
+    assert dropped["parent_id"] is None

@@ -48,6 +48,7 @@ LIVE_PARENT_SPAN_ID: Final = "otel_verl.live.parent_span_id"
 LIVE_START_NS: Final = "otel_verl.live.start_ns"
 LIVE_INPUT: Final = "otel_verl.live.input"
 LIVE_INPUT_MIME_TYPE: Final = "otel_verl.live.input_mime_type"
+LIVE_TRAJECTORY_CHILD: Final = "otel_verl.live.trajectory_child"
 
 #: ids remembered per registry (started / ended), oldest forgotten first
 MAX_REMEMBERED: Final = 100_000
@@ -75,6 +76,8 @@ def start_call(tr: Translator, span: ReadableSpan, op_id: str) -> dict[str, Any]
     with its complete call only where the server replaces the row (ClickHouse)."""
     attrs: Mapping[str, Any] = span.attributes or {}
     parent_id = _span_hex(attrs.get(LIVE_PARENT_SPAN_ID), 16)
+    if attrs.get(LIVE_TRAJECTORY_CHILD) and not tr.keep_trajectory_spans:
+        parent_id = None  # its trajectory span is no call then: a root, as its complete call
     start_ns = attrs.get(LIVE_START_NS)
     if not isinstance(start_ns, int) or isinstance(start_ns, bool) or start_ns <= 0:
         start_ns = span.start_time
