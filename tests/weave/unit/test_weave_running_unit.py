@@ -201,3 +201,14 @@ def test_trajectory_child_is_a_root_without_trajectory_calls():
     assert kept["parent_id"] == format(agent.context.span_id, "016x")
     dropped = start_call(Translator("ent", "proj", keep_trajectory_spans=False), flight, op_id)
     assert dropped["parent_id"] is None
+
+
+def test_live_keys_are_otel_verls():
+    """The exporter copies otel_verl's in-flight keys (it does not import otel_verl)."""
+    from otel_verl import semconv
+    from otel_weave_exporter import _running as r
+
+    assert r.IN_FLIGHT_SPAN == semconv.IN_FLIGHT_SPAN
+    for name in ("OP", "SPAN_ID", "PARENT_SPAN_ID", "START_NS", "INPUT", "INPUT_MIME_TYPE",
+                 "TRAJECTORY_CHILD"):
+        assert getattr(r, f"LIVE_{name}") == getattr(semconv, f"OTEL_VERL_LIVE_{name}"), name
