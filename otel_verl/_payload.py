@@ -445,6 +445,68 @@ def _plain_size(chunk: list[Any] | tuple[Any, ...]) -> int:
     return len(chunk) * (max(len(str(high)), len(str(low))) + 1)  # an upper bound
 
 
+_PLAIN_CONTAINERS = (dict, list, tuple)
+_PLAIN_LEAVES = (str, int, bool, type(None))
+#: a plain value is taken as it is when its JSON is under this share of the field's cap: then the
+#: walk would cut nothing (its budget estimates at most ~6x a leaf's JSON size)
+_PLAIN_SHARE = 8
+#: nodes a plain value may have (beyond it: the walk, whose lists of numbers go at C speed)
+_PLAIN_NODES = 512
+
+
+def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
+    """``value``'s JSON text when it is small and made of exact JSON types only (dict with str
+    keys, list, tuple, str, int, finite float, bool, None), no key to redact, no key over
+    ``MAX_KEY_CHARS``, no deeper than ``MAX_DEPTH``: exactly what the walk would produce, at a
+    fraction of its cost (a small op input or output is the common case). None otherwise (the
+    walk decides; orjson refuses lone surrogates, ints beyond 64 bits and cycles)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    nodes = 0
+    leaves = _PLAIN_LEAVES
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if nodes > _PLAIN_NODES or depth >= MAX_DEPTH:
+            return None
+        kind = type(item)
+        if kind is dict:
+            for key, sub in item.items():
+                if type(key) is not str or len(key) > MAX_KEY_CHARS:
+                    return None
+                if redact and sub is not None and is_sensitive_key(key):
+                    return None
+                sub_kind = type(sub)
+                if sub_kind in leaves:
+                    nodes += 1
+                elif sub_kind is float:
+                    if not math.isfinite(sub):
+                        return None
+                else:
+                    stack.append((sub, depth + 1))
+        elif kind is list or kind is tuple:
+            for sub in item:
+                sub_kind = type(sub)
+                if sub_kind in leaves:
+                    nodes += 1
+                elif sub_kind is float:
+                    if not math.isfinite(sub):
+                        return None
+                else:
+                    stack.append((sub, depth + 1))
+        elif kind is float:
+            if not math.isfinite(item):
+                return None
+        elif kind not in leaves:
+            return None
+    try:
+        data = _orjson.dumps(value)
+    except Exception:  # noqa: BLE001 - a lone surrogate, a big int, a cycle: the walk's rules
+        return None
+    if len(data) * _PLAIN_SHARE > max_bytes:
+        return None
+    return str(data, "utf-8")
+
+
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     """Serialise ``value`` to JSON text of at most ``max_bytes`` UTF-8 bytes. Never raises.
 
@@ -458,6 +520,10 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
         The JSON text and what was cut, redacted or could not be serialised.
     """
     max_bytes = max(256, max_bytes)
+    if _orjson is not None and type(value) in _PLAIN_CONTAINERS:
+        fast = _plain_json(value, max_bytes, redact)
+        if fast is not None:
+            return Payload(fast)
     try:
         walker = _Walker(redact, max_bytes - max(64, max_bytes // 32))  # room for the marks
         data = walker.walk(value)

@@ -1,0 +1,71 @@
+"""The plain-value fast path of ``to_payload``: a small value made of exact JSON types is encoded
+as it is, and the result is exactly what the budgeted walk gives (text, cut, redaction count,
+error), for any value (hypothesis), including the cases it must leave to the walk."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_verl import _payload
+from otel_verl._payload import to_payload
+
+_keys = st.one_of(st.text(max_size=12), st.sampled_from(
+    ["api_key", "password", "max_tokens", "prompt_ids", "token", "x" * 300, "Authorization"]))
+_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
+    st.sampled_from(["\ud800 lone", "é" * 50, "a" * 5000]))
+_values = st.recursive(
+    _leaves,
+    lambda inner: st.one_of(st.lists(inner, max_size=8), st.lists(inner, max_size=8).map(tuple),
+                            st.dictionaries(_keys, inner, max_size=6)),
+    max_leaves=40)
+
+
+def _walked(value: Any, max_bytes: int, redact: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as patch:
+        patch.setattr(_payload, "_plain_json", lambda *_: None)
+        return to_payload(value, max_bytes=max_bytes, redact=redact)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=_values, max_bytes=st.sampled_from([256, 1024, 65536]), redact=st.booleans())
+def test_fast_path_equals_the_walk(value: Any, max_bytes: int, redact: bool,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = to_payload(value, max_bytes=max_bytes, redact=redact)
+    slow = _walked(value, max_bytes, redact, monkeypatch)
+    assert (fast.json, fast.truncated, fast.redacted, fast.error) == \
+        (slow.json, slow.truncated, slow.redacted, slow.error)
+
+
+def test_a_small_plain_input_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op's bound inputs (a dict of plain values) skip the walk: it is not even built."""
+    def no_walk(*_: Any) -> Any:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(_payload, "_Walker", no_walk)
+    value = {"request_id": "r1", "prompt_ids": [1, 2, 3], "sampling_params":
+             {"temperature": 1.0, "max_tokens": 256, "stop": None, "n": True}}
+    payload = to_payload(value, max_bytes=65536, redact=True)
+    assert payload.error is None and not payload.truncated
+    assert payload.json == ('{"request_id":"r1","prompt_ids":[1,2,3],"sampling_params":'
+                            '{"temperature":1.0,"max_tokens":256,"stop":null,"n":true}}')
+
+
+@pytest.mark.parametrize("value", [
+    {"api_key": "sk-live"},                       # a key to redact
+    {"x": math.nan},                              # NaN: the walk writes "nan"
+    {"x": "\ud800"},                              # a lone surrogate
+    {"x": 2**65},                                 # beyond 64 bits: written as a string
+    {1: "int key"},                               # a non-str key
+    {"x": "a" * 20000},                           # over the share of the cap: may be cut
+    [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],  # deeper than MAX_DEPTH
+])
+def test_what_the_walk_must_decide_is_left_to_it(value: Any) -> None:
+    assert _payload._plain_json(value, 65536, True) is None
