@@ -454,6 +454,26 @@ _PLAIN_SHARE = 8
 _PLAIN_NODES = 512
 
 
+#: what the walk takes apart before it looks at a dataclass (``_Walker._container``)
+_BEFORE_DATACLASS = (enum.Enum, str, int, float, Mapping, list, tuple, set, frozenset,
+                     collections.deque, bytes, bytearray, memoryview)
+
+
+def _plain_dataclass(kind: type) -> bool:
+    """A dataclass the walk records as the mapping of its fields (nothing it checks first)."""
+    try:
+        if issubclass(kind, _BEFORE_DATACLASS):
+            return False
+        for module, names in (("numpy", ("ndarray", "generic")), ("torch", ("Tensor",)),
+                              ("pydantic", ("BaseModel",))):
+            found = sys.modules.get(module)
+            if found is not None and issubclass(kind, tuple(getattr(found, n) for n in names)):
+                return False
+    except Exception:  # noqa: BLE001 - a strange class: the walk decides
+        return False
+    return True
+
+
 def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     """``value``'s JSON text when it is small and made of exact JSON types only (dict with str
     keys, list, tuple, str, int, finite float, bool, None), no key to redact, no key over
@@ -520,8 +540,19 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
         The JSON text and what was cut, redacted or could not be serialised.
     """
     max_bytes = max(256, max_bytes)
-    if _orjson is not None and type(value) in _PLAIN_CONTAINERS:
-        fast = _plain_json(value, max_bytes, redact)
+    if _orjson is not None:
+        kind = type(value)
+        fast = None
+        if kind in _PLAIN_CONTAINERS:
+            fast = _plain_json(value, max_bytes, redact)
+        elif dataclasses.is_dataclass(kind) and _plain_dataclass(kind):
+            try:
+                fields = {name: object.__getattribute__(value, name)
+                          for name in dataclass_field_names(kind)}
+            except Exception:  # noqa: BLE001 - a failing field: the walk notes it
+                fields = None
+            if fields is not None:
+                fast = _plain_json(fields, max_bytes, redact)
         if fast is not None:
             return Payload(fast)
     try:

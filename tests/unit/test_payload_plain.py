@@ -4,6 +4,7 @@ error), for any value (hypothesis), including the cases it must leave to the wal
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -69,3 +70,31 @@ def test_a_small_plain_input_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> N
 ])
 def test_what_the_walk_must_decide_is_left_to_it(value: Any) -> None:
     assert _payload._plain_json(value, 65536, True) is None
+
+
+@dataclasses.dataclass
+class _Out:
+    token_ids: Any
+    finish_reason: Any = None
+    log_probs: Any = None
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(a=_values, b=_values, c=_values, redact=st.booleans())
+def test_a_dataclass_output_equals_the_walk(a: Any, b: Any, c: Any, redact: bool,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    value = _Out(a, b, c)
+    fast = to_payload(value, max_bytes=4096, redact=redact)
+    slow = _walked(value, 4096, redact, monkeypatch)
+    assert (fast.json, fast.truncated, fast.redacted, fast.error) == \
+        (slow.json, slow.truncated, slow.redacted, slow.error)
+
+
+def test_a_small_dataclass_output_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_walk(*_: Any) -> Any:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(_payload, "_Walker", no_walk)
+    payload = to_payload(_Out([5, 6], "stop"), max_bytes=65536, redact=True)
+    assert payload.json == '{"token_ids":[5,6],"finish_reason":"stop","log_probs":null}'
