@@ -374,6 +374,9 @@ class LiveTracker(SpanProcessor):
             op_attrs = attribute_map(live)
             if op_attrs.get(semconv.OTEL_VERL_TRAJECTORY_CHILD):
                 attrs[semconv.OTEL_VERL_LIVE_TRAJECTORY_CHILD] = True
+            content = {k: v for k, v in op_attrs.items() if k.startswith("otel_verl.content.")}
+            if content:
+                attrs[semconv.OTEL_VERL_LIVE_CONTENT] = json.dumps(content, default=str)
             value = op_attrs.get(semconv.INPUT_VALUE)
             if isinstance(value, str) and len(value) <= semconv.LIVE_INPUT_MAX:
                 attrs[semconv.OTEL_VERL_LIVE_INPUT] = value

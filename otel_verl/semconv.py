@@ -271,6 +271,9 @@ OTEL_VERL_LIVE_INPUT: Final = "otel_verl.live.input"
 OTEL_VERL_LIVE_INPUT_MIME_TYPE: Final = "otel_verl.live.input_mime_type"
 #: on an in-flight span: the stuck op is a direct child of its trajectory span
 OTEL_VERL_LIVE_TRAJECTORY_CHILD: Final = "otel_verl.live.trajectory_child"
+#: on an in-flight span: the stuck op's ``otel_verl.content.*`` attributes (JSON object), so a
+#: receiver reads its delta-coded input as the op's own span would be read
+OTEL_VERL_LIVE_CONTENT: Final = "otel_verl.live.content"
 LIVE_INPUT_MAX: Final = 16384
 #: on a straggler report: trajectories in the step, its wall time, the median trajectory, how
 #: long the step waited on its tail, the slowest trajectories (JSON list) and the op that

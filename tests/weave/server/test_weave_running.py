@@ -213,3 +213,75 @@ def test_op_that_ends_before_its_start_is_sent_is_one_complete_call(weave_server
         exporter.shutdown()
     _only_two_calls(weave_server, format(tool.context.span_id, "016x"))
     assert not [r for r in weave_server.requests if r.get("kind") == "start"]
+
+
+class HeldServer:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.hold = False
+
+    @rollout_trace_op(kind=SpanKindName.LLM)
+    def generate(self, request_id: str, *, prompt_ids: list) -> dict:
+        if self.hold:
+            self.release.wait(60)
+        return {"token_ids": [7, 8], "stop_reason": "stop"}
+
+
+@pytest.fixture
+def objects_server(tmp_path):
+    from _weave_objects import WeaveObjectsShim
+
+    with WeaveObjectsShim(str(tmp_path / "weave.sqlite"), API_KEY) as shim:
+        yield shim
+
+
+def test_held_llm_request_starts_with_its_prompt_as_content(objects_server, monkeypatch,
+                                                            tmp_path):
+    """A held engine request (its prompt delta-coded by otel_verl) is started with the prompt
+    read as its complete call reads it: the same token ids, rebuilt from Weave's objects."""
+    from otel_verl import RolloutTraceConfig
+
+    monkeypatch.setenv("WANDB_API_KEY", API_KEY)
+    monkeypatch.setenv("OTEL_EXPORTER_WEAVE_CONTENT_INLINE_BYTES", "64")  # prompts as objects
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init(PROJECT_ID, "exp-held", backend="weave",
+                            weave_base_url=objects_server.url, trace_dir=str(tmp_path / "t"),
+                            live=True, stuck_after_s=STUCK_AFTER_S, schedule_delay_s=0.1,
+                            export_delay_s=0.3, export_timeout_s=5.0)
+    server = HeldServer()
+    prompt = list(range(100, 400))
+
+    def rollout(sample: int) -> None:
+        with rollout_trace_attr(sample_index=sample, step=1, rollout_n=0):
+            server.generate(f"req-{sample}", prompt_ids=prompt)
+
+    try:
+        rollout(0)  # not held: a complete call, for reference
+        server.hold = True
+        thread = threading.Thread(target=rollout, args=(1,), daemon=True)
+        thread.start()
+
+        def held():
+            return [c for c in objects_server.calls(PROJECT_ID)
+                    if c.op_name.endswith("HeldServer.generate") and c.ended_at is None
+                    and c.parent_id is not None]
+
+        running = _wait_for(held)
+        assert running, "the held request's call was not started in Weave while it was held"
+        (call,) = running
+        assert call.attributes["sample_index"] == 1
+        field = call.inputs["prompt_ids"]
+        assert isinstance(field, dict) and field.get("segments"), field  # objects, not a list
+        assert objects_server.prompt(field) == prompt
+        server.release.set()
+        thread.join(30)
+        assert RolloutTraceConfig.shutdown(timeout_s=20)
+    finally:
+        server.release.set()
+        RolloutTraceConfig.reset()
+    calls = [c for c in objects_server.calls(PROJECT_ID)  # the trajectory roots take its name
+             if c.op_name.endswith("HeldServer.generate") and c.parent_id is not None]
+    assert len(calls) == 2 and all(c.ended_at is not None for c in calls)
+    ended = next(c for c in calls if c.id == call.id)
+    assert ended.output == {"token_ids": [7, 8], "stop_reason": "stop"}
+    assert objects_server.prompt(ended.inputs["prompt_ids"]) == prompt

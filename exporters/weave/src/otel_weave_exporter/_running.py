@@ -37,7 +37,16 @@ from typing import Any, Final
 from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_weave_exporter import _conventions as c
-from otel_weave_exporter._translate import Translator, _payload, iso_time, shorten, thread_key
+from otel_weave_exporter._translate import (
+    RawJSON,
+    Translator,
+    _has_refs,
+    _materialised,
+    _payload,
+    iso_time,
+    shorten,
+    thread_key,
+)
 
 # otel_verl's keys (otel_verl/semconv.py; the exporter does not import otel_verl)
 IN_FLIGHT_SPAN: Final = "otel_verl.in_flight"
@@ -49,6 +58,7 @@ LIVE_START_NS: Final = "otel_verl.live.start_ns"
 LIVE_INPUT: Final = "otel_verl.live.input"
 LIVE_INPUT_MIME_TYPE: Final = "otel_verl.live.input_mime_type"
 LIVE_TRAJECTORY_CHILD: Final = "otel_verl.live.trajectory_child"
+LIVE_CONTENT: Final = "otel_verl.live.content"
 
 #: ids remembered per registry (started / ended), oldest forgotten first
 MAX_REMEMBERED: Final = 100_000
@@ -98,8 +108,9 @@ def start_call(tr: Translator, span: ReadableSpan, op_id: str) -> dict[str, Any]
     raw_in = attrs.get(LIVE_INPUT)
     inputs: Any = _payload(raw_in, attrs.get(LIVE_INPUT_MIME_TYPE), True) if raw_in is not None \
         else None
-    if not isinstance(inputs, dict) and type(inputs).__name__ != "RawJSON":
+    if not isinstance(inputs, (dict, RawJSON)):
         inputs = {} if inputs is None else {"input": inputs}
+    inputs = _content(tr, inputs, attrs.get(LIVE_CONTENT))
     step = call_attrs.get("step")
     thread_id = thread_key(attrs) if tr.threads else None
     return {
@@ -117,6 +128,25 @@ def start_call(tr: Translator, span: ReadableSpan, op_id: str) -> dict[str, Any]
         "wb_run_id": tr._wb_run_id,
         "wb_run_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
     }
+
+
+def _content(tr: Translator, inputs: Any, content_json: Any) -> Any:
+    """A delta-coded input read as the op's own span is (``Translator.translate``): its field
+    as content object segments, references resolved; as it is when that cannot be done."""
+    if tr.content is None or not isinstance(content_json, str):
+        return inputs
+    try:
+        content_attrs = json.loads(content_json)
+        if not isinstance(content_attrs, dict):
+            return inputs
+        out = inputs
+        if c.CONTENT_FIELD in content_attrs:
+            out = tr._content_inputs(out, None, content_attrs)
+        if content_attrs.get(c.CONTENT_REFS) or _has_refs(out):
+            out = tr.content.resolve(_materialised(out))
+        return out
+    except Exception:  # a producer's odd value: the input as it came
+        return inputs
 
 
 _END_FIELDS = ("project_id", "id", "ended_at", "started_at", "exception", "output", "summary")
