@@ -256,6 +256,7 @@ class LakeState:
     bad_lines: int = 0
     truncated_lines: int = 0
     cached: bool = False  # the segments' trajectories came from compaction's cache
+    cache: str | None = None  # that file
     problems: list[str] = field(default_factory=list)
 
 
@@ -533,6 +534,7 @@ class Lake:
                     self._ensure_views()
                     self._touched(con, cached, cached_steps)
                 state.cached = True
+                state.cache = cache
             else:
                 self._ensure_views()
                 _drop(con, "trajectories")

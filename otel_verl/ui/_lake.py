@@ -27,6 +27,7 @@ Without the ``lake`` extra (DuckDB), :func:`open_source` falls back to the SQLit
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -60,6 +61,12 @@ _logger = logging.getLogger(__name__)
 _SORTABLE = {c for c in TRAJECTORY_COLUMNS if c not in ("prompt", "response", "error", "key")}
 #: decoded store lines kept for trajectory pages (the rollouts of a group share their lines)
 _LINE_CACHE = 16
+#: rows of the pages served last kept for their trajectory pages
+_ROW_CACHE = 256
+_COLUMNS = ", ".join(TRAJECTORY_COLUMNS)
+#: the search text is kept in memory too while compaction's file holds at most this many bytes
+#: of it (a free-text filter then reads no Parquet)
+_SEARCH_IN_MEMORY = 128 << 20
 _SKIP = (".otel_verl_lake" + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
 
 
@@ -114,21 +121,35 @@ class LakeSource:
         self.compactions = 0
         self.last_error: str | None = None
         self._signature: tuple[Any, ...] = ()
-        self._lake: Lake = self._open()
+        self._serving: _Serving = self._open()
         self._problems = self._count_problems(self._lake)
 
     # -- opening and swapping ------------------------------------------------------------------
-    def _open(self) -> Lake:
+    def _open(self) -> _Serving:
         from otel_verl.store._query import Lake
 
         self._signature = _signature(self._trace_dir)
         lake = Lake.open(self._trace_dir)
         with lake._lock:
             con = lake.connection
-            # which store lines hold each trace (the trajectory page re-reads them)
-            con.execute("CREATE OR REPLACE TABLE trace_lines AS SELECT DISTINCT TraceId, source, "
-                        "source_offset FROM spans WHERE source IS NOT NULL")
-        return lake
+            # the table's rows in memory, without the search text (read from compaction's file
+            # when a filter needs it): a page, a row or a count is a scan of a few columns, not
+            # a Parquet read per request (~0.3 KB a trajectory plus its two snippets)
+            held = _search_bytes(lake.state.cache) <= _SEARCH_IN_MEMORY
+            con.execute(f"CREATE OR REPLACE TABLE viewer_rows AS SELECT {_COLUMNS}"
+                        f"{', search' if held else ''} FROM trajectories_text")
+            # which store lines hold each trace (the trajectory page re-reads them), sorted by
+            # trace id for a binary search
+            lines = con.execute(
+                "SELECT DISTINCT TraceId, source, source_offset FROM spans WHERE source IS NOT "
+                "NULL ORDER BY TraceId, source, source_offset").fetchall()
+            total = con.execute("SELECT count(*) FROM viewer_rows").fetchall()[0][0]
+        return _Serving(lake, [t for t, _, _ in lines], [(s, o) for _, s, o in lines], total,
+                        held)
+
+    @property
+    def _lake(self) -> Lake:
+        return self._serving.lake
 
     def _reopen_if_changed(self) -> bool:
         """Open a new lake when the store or the manifest changed, and swap it in."""
@@ -137,8 +158,9 @@ class LakeSource:
         with self._swap_lock:
             before = self._lake.state
             fresh = self._open()
-            problems = self._count_problems(fresh)
-            old, self._lake, self._problems = self._lake, fresh, problems
+            problems = self._count_problems(fresh.lake)
+            old = self._lake
+            self._serving, self._problems = fresh, problems
             with self._cache_lock:
                 self._lines.clear()
             # close the lake before the previous one: a request that took it just before the
@@ -146,7 +168,7 @@ class LakeSource:
             for retired in self._retired:
                 retired.close()
             self._retired = [old]
-            after = fresh.state
+            after = fresh.lake.state
             if (before.trajectories, before.raw_bytes, before.raw_spans, before.segment_rows) != (
                     after.trajectories, after.raw_bytes, after.raw_spans, after.segment_rows):
                 self._generation += 1
@@ -291,9 +313,7 @@ class LakeSource:
                 params.append(_query_float("reward bound", bound))
         if errors_only:
             clauses.append("(errors > 0 OR tool_errors > 0)")
-        if text:
-            clauses.append("contains(search, ?)")
-            params.append(_clean(text.lower()))
+        needle = _clean(text.lower()) if text else None
         if trace_id:
             clauses.append("starts_with(trace_id, ?)")
             params.append(_clean(trace_id.lower()))
@@ -305,43 +325,52 @@ class LakeSource:
         page = max(0, _query_int("page", page) or 0)
         if page * page_size > _INT64_MAX:
             raise BadRequest(f"page {page} is past the end of any table")
-        lake = self._lake
-        names = ", ".join([*TRAJECTORY_COLUMNS, *(("search",) if with_search else ())])
-        # one query: the page and the count (the filters, sort and limit all run in DuckDB,
-        # over the trajectories' own text columns)
+        serving = self._serving
+        lake = serving.lake
+        # the filters, the sort and the limit in DuckDB, over the rows in memory; the search
+        # text is read from compaction's file (and the raw traces' rows) when a filter needs it
+        rows, names = "viewer_rows", _COLUMNS + (", search" if with_search else "")
+        if not serving.search_held and (with_search or needle):
+            rows = ("(SELECT v.*, x.search FROM viewer_rows v JOIN (SELECT key, search FROM "
+                    "trajectories_text) x USING (key))")
+        if needle:  # the rows whose search text holds the needle
+            where = f"WHERE contains(search, ?){' AND ' if where else ''}{where[6:]}"
+            params = [needle, *params]
+        # the count (known when nothing filters), then the page: two scans of the rows in
+        # memory cost less than one with a window over every row
+        total = serving.total if not where and not needle else lake.rows(
+            f"SELECT count(*) AS n FROM {rows} {where}", params, spans=False)[0]["n"]
         found = lake.rows(
-            f"SELECT {names}, count(*) OVER () AS __total FROM trajectories_text {where} "
-            f"ORDER BY {order} {direction} NULLS LAST, step, sample_index, rollout_n, key "
-            f"LIMIT {page_size} OFFSET {page * page_size}", params, spans=False)
-        if found:
-            total = found[0]["__total"]
-        else:
-            total = lake.rows(f"SELECT count(*) AS n FROM trajectories_text {where}", params,
-                              spans=False)[0]["n"]
-        for row in found:
-            del row["__total"]
+            f"SELECT {names} FROM {rows} {where} ORDER BY {order} {direction} NULLS LAST, step, "
+            f"sample_index, rollout_n, key LIMIT {page_size} OFFSET {page * page_size}",
+            params, spans=False)
+        serving.remember(found)
         return {"total": total, "page": page, "page_size": page_size, "rows": found}
 
     def trajectory_row(self, key: str) -> dict[str, Any] | None:
-        """One row (the table's columns, its prompt and answer snippets included)."""
-        found = self._lake.rows(
-            f"SELECT {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories_text WHERE key = ?",
-            [_clean(str(key))], spans=False)
+        """One row (the table's columns, its prompt and answer snippets included); a row of a
+        page just served is not asked again (a group page shows each of its rollouts)."""
+        serving = self._serving
+        key = _clean(str(key))
+        row = serving.rows.get(key)
+        if row is not None:
+            return {c: row[c] for c in TRAJECTORY_COLUMNS}
+        found = serving.lake.rows(f"SELECT {_COLUMNS} FROM viewer_rows WHERE key = ?", [key],
+                                  spans=False)
         return found[0] if found else None
 
     def trace_spans(self, trace_id: str) -> list[dict[str, Any]]:
         """Every stored span of one trace, fully decoded: re-read from the store lines that hold
         it (the segments' columns when a line is gone), once per span id."""
-        lake = self._lake
+        serving = self._serving
+        lake = serving.lake
         trace_id = _clean(str(trace_id)).lower()
-        places = lake.rows("SELECT DISTINCT source, source_offset FROM trace_lines WHERE "
-                           "TraceId = ? ORDER BY source, source_offset", [trace_id])
         spans: list[dict[str, Any]] = []
         seen: set[str] = set()
         lost = False
-        for place in places:
-            rel = str(place["source"]).rsplit("#", 1)[0]
-            decoded = self._line(os.path.join(self._trace_dir, rel), int(place["source_offset"]))
+        for source, offset in serving.places(trace_id):
+            rel = str(source).rsplit("#", 1)[0]
+            decoded = self._line(os.path.join(self._trace_dir, rel), int(offset))
             if decoded is None:
                 lost = True
                 continue
@@ -388,6 +417,50 @@ class LakeSource:
         self.stop()
         for lake in [*self._retired, self._lake]:
             lake.close()
+
+
+def _search_bytes(cache: str | None) -> int:
+    """The ``search`` column's bytes in compaction's trajectories file (its footer)."""
+    if cache is None:
+        return 0
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(cache).metadata
+    except OSError:
+        return 0
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    if "search" not in names:
+        return 0
+    column = names.index("search")
+    return sum(meta.row_group(g).column(column).total_uncompressed_size
+               for g in range(meta.num_row_groups))
+
+
+class _Serving:
+    """One opened lake and what the viewer keeps beside it (swapped together)."""
+
+    def __init__(self, lake: Lake, trace_ids: list[str], places: list[tuple[str, int]],
+                 total: int, search_held: bool) -> None:
+        self.lake = lake
+        self.search_held = search_held  # viewer_rows holds the search text too
+        self.total = total  # trajectory rows
+        self._trace_ids = trace_ids
+        self._places = places
+        self.rows: dict[str, dict[str, Any]] = {}  # the rows of the pages served last
+
+    def places(self, trace_id: str) -> list[tuple[str, int]]:
+        """The (source, offset) of each store line holding a span of the trace."""
+        ids = self._trace_ids
+        start = bisect.bisect_left(ids, trace_id)
+        return self._places[start:bisect.bisect_right(ids, trace_id, lo=start)]
+
+    def remember(self, rows: list[dict[str, Any]]) -> None:
+        if len(rows) > _ROW_CACHE:
+            return
+        if len(self.rows) + len(rows) > _ROW_CACHE:
+            self.rows = {}
+        self.rows.update((r["key"], dict(r)) for r in rows)
 
 
 _CODES = {"Unset": "UNSET", "Ok": "OK", "Error": "ERROR"}

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from otel_verl.store._compact import compact
 from otel_verl.store._index import StoreIndex
+from otel_verl.ui import _lake
 from otel_verl.ui._lake import LakeSource
 
 _spec = importlib.util.spec_from_file_location(
@@ -39,7 +40,7 @@ def _rows(source: Any, **query: Any) -> list[tuple[Any, ...]]:
     return [(r["key"], r["prompt"], r["response"], r["search"]) for r in page["rows"]]
 
 
-@pytest.fixture(scope="module", params=["compacted", "raw"])
+@pytest.fixture(scope="module", params=["compacted", "raw", "search on disk"])
 def sources(request: Any, tmp_path_factory: Any) -> Iterator[tuple[StoreIndex, LakeSource]]:
     """Real ToolAgentLoop rollouts (prompt, tool call, answer, reward) at step 1, compacted or
     not, and more at step 2 in raw lines; hostile lines and spans around them."""
@@ -47,13 +48,20 @@ def sources(request: Any, tmp_path_factory: Any) -> Iterator[tuple[StoreIndex, L
     store = tmp / "store"
     H.write_good_store(store, 6, step=1)
     H.poison_store(store, _TEXT_KINDS)
-    if request.param == "compacted":
+    if request.param != "raw":
         compact(store, live_bytes=0)
     H.write_good_store(store, 4, step=2)
     index = StoreIndex(store, tmp / "index.sqlite3")
     index.update()
-    lake = LakeSource(store, compact=False)
-    if request.param == "compacted":
+    held = _lake._SEARCH_IN_MEMORY
+    if request.param == "search on disk":  # the search text read from compaction's file
+        _lake._SEARCH_IN_MEMORY = -1
+    try:
+        lake = LakeSource(store, compact=False)
+    finally:
+        _lake._SEARCH_IN_MEMORY = held
+    assert lake._serving.search_held is (request.param != "search on disk")
+    if request.param != "raw":
         assert lake.problems()["segments"] > 0 and lake.problems()["raw_files"] > 0
     try:
         yield index, lake
