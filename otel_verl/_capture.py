@@ -236,7 +236,7 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
         return value, 0
     traj = TRAJECTORY.get()
     chains = [c for c in traj.content.values() if type(c) is _content.DeltaChain] \
-        if traj is not None else []
+        if traj is not None and traj.content else []
     count = 0
     out: dict[str, Any] | None = None
     for key, item in fields.items():
@@ -429,6 +429,8 @@ def as_dict(output: Any) -> dict[str, Any]:
     called on anything else); other outputs go under ``"output"``.
     """
     kind = type(output)
+    if kind is dict:  # the common case, without the ABC check below
+        return dict(output)
     if issubclass(kind, Mapping):
         return dict(output)
     if dataclasses.is_dataclass(kind):
