@@ -113,3 +113,32 @@ def test_free_text_any_piece_of_a_search_text(sources: tuple[StoreIndex, LakeSou
     page = lake.trajectories(text=needle, page=1, page_size=2, **query)
     assert [r["key"] for r in page["rows"]] == [r[0] for r in found[2:4]]
     assert page["total"] == len(found)
+
+
+def test_a_lake_compacted_before_the_text_columns_still_reads(tmp_path: Path) -> None:
+    """Segments and a trajectories file without the text columns (an older compaction): the
+    lake reads every trajectory (their text NULL, none from the old cache) and the spans view
+    binds."""
+    import pyarrow.parquet as pq
+
+    from otel_verl.store._query import Lake
+
+    store = tmp_path / "store"
+    H.write_good_store(store, 4, step=1)
+    compact(store, live_bytes=0)
+    with Lake.open(store) as lake:
+        want = sorted(r["key"] for r in lake.rows("SELECT key FROM trajectories"))
+    old = ["text_prompt", "text_response", "text_tool", "prompt", "response", "search"]
+    for path in (store / ".otel_verl_lake").rglob("*.parquet"):
+        if "payload" in path.parts:
+            continue
+        table = pq.read_table(path)
+        pq.write_table(table.drop_columns([c for c in old if c in table.column_names]), path)
+    H.write_good_store(store, 2, step=2)  # and raw lines beside them
+    with Lake.open(store) as lake:
+        assert not lake.state.cached  # the old cache is not used: rows built from the segments
+        rows = lake.rows("SELECT key, step, prompt FROM trajectories_text")
+        assert sorted(r["key"] for r in rows if r["step"] == 1) == want
+        assert all(r["prompt"] is None for r in rows if r["step"] == 1)
+        assert all(r["prompt"] for r in rows if r["step"] == 2)
+        assert lake.rows("SELECT count(*) AS n FROM spans")[0]["n"] > 0
