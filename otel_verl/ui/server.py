@@ -280,6 +280,18 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 body, content_type = found
                 self._send(HTTPStatus.OK, body, content_type, cache="max-age=3600")
+        elif path in ("/export.jsonl", "/export.parquet"):  # the table's rows as a dataset
+            from otel_verl.store._export import export_file
+
+            try:
+                body, _ = export_file(self.server.index.trace_dir,
+                                      dict(urllib.parse.parse_qsl(url.query)),
+                                      path.rsplit(".", 1)[1])
+            except (ValueError, ImportError) as error:
+                self._error(HTTPStatus.BAD_REQUEST, str(error)[:200] or "bad request")
+                return
+            self._send(HTTPStatus.OK, body, "application/x-ndjson" if path.endswith(".jsonl")
+                       else "application/vnd.apache.parquet")
         elif path.startswith("/api/"):
             query = dict(urllib.parse.parse_qsl(url.query))
             self.server.refresh()

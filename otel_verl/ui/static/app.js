@@ -404,6 +404,21 @@
   ];
   const selected = new Set();
 
+  // the filtered table as a dataset file (docs/parity.md); only from the server, and only for
+  // the filters the export knows (not the text search or errors-only)
+  function exportLinks(p) {
+    if (meta.mode !== 'server') return '';
+    const keys = ['experiment', 'step', 'sample_index', 'rollout_n', 'validate', 'reward_min',
+      'reward_max'];
+    const q = new URLSearchParams(Object.fromEntries(keys.filter((k) => p[k]).map((k) => [k, p[k]])));
+    const unsupported = p.text || p.errors === 'true';
+    return h('span', Object.assign({class: 'export'}, testid('export')), 'export: ',
+      ...['jsonl', 'parquet'].map((fmt) => unsupported
+        ? h('span', {class: 'muted', title: 'export ignores text and errors filters'}, fmt + ' ')
+        : h('a', Object.assign({href: 'export.' + fmt + '?' + q, download: 'trajectories.' + fmt},
+          testid('export-' + fmt)), fmt + ' ')));
+  }
+
   async function viewTrajectories(main, params) {
     const p = Object.assign({page: 0, page_size: 50}, params);
     const data = await api('trajectories', p);
@@ -445,7 +460,7 @@
       h('button', {disabled: data.page <= 0, onclick: () => go({page: data.page - 1})}, '‹ prev'),
       h('button', Object.assign({disabled: last >= data.total,
         onclick: () => go({page: data.page + 1})}, testid('next')), 'next ›'),
-      compareBtn));
+      compareBtn, exportLinks(p)));
     const headCells = [h('th', {}, '')].concat(COLUMNS.map(([key, label]) => {
       const active = (p.order || 'start_ns') === key;
       const arrow = active ? (p.desc === 'true' ? ' ▼' : ' ▲') : '';
