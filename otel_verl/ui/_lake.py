@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from otel_verl import semconv
 from otel_verl.store import list_files
 from otel_verl.store._index import (
     _INT64_MAX,
@@ -68,6 +69,15 @@ _COLUMNS = ", ".join(TRAJECTORY_COLUMNS)
 #: of it (a free-text filter then reads no Parquet)
 _SEARCH_IN_MEMORY = 128 << 20
 _SKIP = (".otel_verl_lake" + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
+
+
+#: flagged trajectories per step and flag (``rl.flags`` on trajectory spans)
+_FLAGS_PER_STEP = """
+SELECT experiment, validate, step, flag, count(DISTINCT TraceId || SpanId) AS n FROM (
+    SELECT TraceId, SpanId, experiment, validate, step, unnest(from_json(
+        map_extract(SpanAttributes, 'rl.flags')[1], '["VARCHAR"]')) AS flag
+    FROM spans WHERE is_trajectory AND len(map_extract(SpanAttributes, 'rl.flags')) > 0)
+GROUP BY ALL"""
 
 
 def lake_available() -> bool:
@@ -280,7 +290,13 @@ class LakeSource:
             "ORDER BY experiment")]
 
     def overview(self, experiment: str | None = None) -> list[dict[str, Any]]:
-        return self._lake.steps(experiment or None)
+        steps = self._lake.steps(experiment or None)
+        counts: dict[tuple[Any, Any, Any], dict[str, int]] = {}
+        for r in self._lake.rows(_FLAGS_PER_STEP):  # the detectors' flags (docs/signals.md)
+            counts.setdefault((r["experiment"], r["validate"], r["step"]), {})[r["flag"]] = r["n"]
+        for s in steps:
+            s["flags"] = counts.get((s.get("experiment"), s.get("validate"), s.get("step")), {})
+        return steps
 
     def flat_groups(self, experiment: str | None = None) -> list[dict[str, Any]]:
         return self._lake.flat_groups(experiment or None)
@@ -292,7 +308,7 @@ class LakeSource:
         reward_max: float | None = None, errors_only: bool = False, text: str | None = None,
         trace_id: str | None = None, order: str = "start_ns", descending: bool = False,
         page: int = 0, page_size: int = 50, with_search: bool = False,
-        max_page_size: int = 5000) -> dict[str, Any]:
+        max_page_size: int = 5000, flag: str | None = None) -> dict[str, Any]:
         """One page of trajectory rows matching every given filter, and the total count (the
         SQLite index's :meth:`~otel_verl.store._index.StoreIndex.trajectories`, same answers)."""
         clauses: list[str] = []
@@ -317,6 +333,10 @@ class LakeSource:
         if trace_id:
             clauses.append("starts_with(trace_id, ?)")
             params.append(_clean(trace_id.lower()))
+        if flag:  # a detector's flag on the trajectory span (docs/signals.md)
+            clauses.append("trace_id || ':' || span_id IN (SELECT TraceId || ':' || SpanId FROM "
+                           "spans WHERE is_trajectory AND len(map_extract(SpanAttributes, ?)) > 0)")
+            params.append(semconv.flag_key(_clean(flag.strip().lower())))
         where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
         if order not in _SORTABLE:
             order = "start_ns"
@@ -339,11 +359,11 @@ class LakeSource:
         # the count (known when nothing filters), then the page: two scans of the rows in
         # memory cost less than one with a window over every row
         total = serving.total if not where and not needle else lake.rows(
-            f"SELECT count(*) AS n FROM {rows} {where}", params, spans=False)[0]["n"]
+            f"SELECT count(*) AS n FROM {rows} {where}", params, spans=bool(flag))[0]["n"]
         found = lake.rows(
             f"SELECT {names} FROM {rows} {where} ORDER BY {order} {direction} NULLS LAST, step, "
             f"sample_index, rollout_n, key LIMIT {page_size} OFFSET {page * page_size}",
-            params, spans=False)
+            params, spans=bool(flag))
         serving.remember(found)
         return {"total": total, "page": page, "page_size": page_size, "rows": found}
 

@@ -27,6 +27,7 @@ Serving (see docs/ui.md, "Serving and security"):
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import json
 import logging
@@ -144,14 +145,18 @@ def api(index: Source, route: str, query: dict[str, str]) -> Any:
     if route == "overview":
         return overview_view(index, experiment)
     if route == "trajectories":
-        return index.trajectories(
+        flag: dict[str, Any] = {"flag": query["flag"]} if query.get("flag") else {}
+        if flag and "flag" not in inspect.signature(index.trajectories).parameters:
+            raise _BadParameter("the flag filter reads the lake (pip install 'otel-verl[lake]')")
+        trajectories: Any = index.trajectories  # the lake's takes ``flag`` (docs/signals.md)
+        return trajectories(
             experiment=experiment, step=_int(query, "step"),
             sample_index=_int(query, "sample_index"), rollout_n=_int(query, "rollout_n"),
             validate=_bool(query, "validate"), reward_min=_float(query, "reward_min"),
             reward_max=_float(query, "reward_max"), errors_only=_bool(query, "errors") or False,
             text=query.get("text") or None, trace_id=query.get("trace") or None,
             order=query.get("order", "start_ns"), descending=_bool(query, "desc") or False,
-            page=_int(query, "page") or 0, page_size=_int(query, "page_size") or 50)
+            page=_int(query, "page") or 0, page_size=_int(query, "page_size") or 50, **flag)
     if route == "trajectory":
         return trajectory_view(index, query.get("key", ""))
     if route == "group":

@@ -277,6 +277,21 @@ def _reward(t: Trajectory) -> dict[str, Any]:
     return {"score": t.reward, "label": reward_label(t), "name": name}
 
 
+def _flags(t: Trajectory) -> list[dict[str, Any]]:
+    """The detectors' flags on the trajectory span, each with its evidence (docs/signals.md)."""
+    attributes = t.root["attributes"] if t.root is not None else {}
+    names = attributes.get(semconv.RL_FLAGS) or []
+    out = []
+    for name in names if isinstance(names, (list, tuple)) else []:
+        raw = attributes.get(semconv.flag_evidence_key(str(name)))
+        try:
+            evidence = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            evidence = raw
+        out.append({"name": str(name), "evidence": evidence})
+    return out
+
+
 def _waterfall(t: Trajectory) -> list[dict[str, Any]]:
     origin = t.start_ns or 0
     rows = []
@@ -371,6 +386,7 @@ def _trajectory_view(index: Source, row: dict[str, Any]) -> dict[str, Any]:
     return {
         "row": row, "messages": messages, "turns": turns, "tools": tools,
         "reward": _section(problems, "reward", lambda: _reward(t), {}),
+        "flags": _section(problems, "flags", lambda: _flags(t), []),
         "errors": errors, "first_error": _section(problems, "first error",
                                                   lambda: first_error(t), None),
         "waterfall": _section(problems, "span waterfall", lambda: _waterfall(t), []),

@@ -13,6 +13,8 @@ import json
 import random
 import re
 
+import pytest
+
 import otel_verl
 from otel_verl import RolloutTraceConfig, rollout_trace_attr, semconv
 from otel_verl.exporters._detect import BUILTIN, DETECTORS, detect, record_from_spans
@@ -329,3 +331,44 @@ def test_traces_list_flag_lists_the_flagged_trajectories(tmp_path, capsys, monke
             listed = sorted(f"{r['step']}-{r['sample_index']}-{r['rollout_n']}" for r in rows)
             assert listed == expected, (name, lake)
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_the_viewer_filters_on_a_flag_and_shows_its_evidence(tmp_path, compacted):
+    from otel_verl.ui._lake import LakeSource, open_source
+    from otel_verl.ui.server import api
+
+    plans = _workload(steps=1, groups=8, planted=True, seed=4)
+    spans = _run(tmp_path, plans, detect_flags="all", group_size=GROUP)
+    found = _trajectories(spans)
+    if compacted:  # the lake's Parquet segments (closed files), or the raw lines
+        from otel_verl.store._compact import compact
+
+        assert compact(str(tmp_path), live_bytes=0, idle_s=0.0).segments
+    source = open_source(str(tmp_path))
+    assert isinstance(source, LakeSource)
+    try:
+        for name in ("length_cap", "copied_prompt", "degenerate_group"):
+            page = api(source, "trajectories", {"flag": name, "page_size": "200"})
+            listed = sorted(f"{r['step']}-{r['sample_index']}-{r['rollout_n']}"
+                            for r in page["rows"])
+            assert listed == sorted(c for c, a in found.items()
+                                    if a.get(semconv.flag_key(name))), name
+            assert page["total"] == len(listed) > 0
+            view = api(source, "trajectory", {"key": page["rows"][0]["key"]})
+            flags = {f["name"]: f["evidence"] for f in view["flags"]}
+            assert name in flags and isinstance(flags[name], dict) and flags[name]
+        (step,) = api(source, "overview", {})["steps"]  # the flags per step, for the chart
+        counted: dict[str, int] = {}
+        for attributes in found.values():
+            for name in attributes.get(semconv.RL_FLAGS, ()):
+                counted[name] = counted.get(name, 0) + 1
+        assert step["flags"] == counted and counted["degenerate_group"] == 2 * GROUP
+        everything = api(source, "trajectories", {"page_size": "200"})
+        assert everything["total"] == len(plans)
+        clean = next(r for r in everything["rows"]
+                     if not found[f"{r['step']}-{r['sample_index']}-{r['rollout_n']}"].get(
+                         semconv.RL_FLAGS))
+        assert api(source, "trajectory", {"key": clean["key"]})["flags"] == []
+    finally:
+        source.close()

@@ -274,6 +274,15 @@
 
   // ---------------------------------------------------------------------------------------------
   // overview
+  // the detectors' flags per step (docs/signals.md): one bar per flag, when any step has one
+  function flagChart(steps, xaxis, hovertemplate) {
+    const names = [...new Set(steps.flatMap((s) => Object.keys(s.flags || {})))].sort();
+    if (!names.length) return null;
+    return chart('chart-flags', names.map((name) => ({x: steps.map((s) => s.step),
+      y: steps.map((s) => (s.flags || {})[name] || 0), name, type: 'bar', hovertemplate})),
+    {title: {text: 'Flagged trajectories per step'}, barmode: 'stack', xaxis});
+  }
+
   async function viewOverview(main, params) {
     const experiments = meta.experiments;
     const experiment = params.experiment || (experiments.length === 1 ? experiments[0] : '');
@@ -350,7 +359,8 @@
             y: train.map((s) => s.llm_mean_ns / 1e9), hovertemplate: hover(' s')}),
         ], {title: {text: 'Latency (s)'}, xaxis}),
         chart('chart-turns', [series(train, 'turns_mean', 'turns (mean)', {hovertemplate: hover()})],
-          {title: {text: 'Turns per trajectory'}, xaxis}));
+          {title: {text: 'Turns per trajectory'}, xaxis}),
+        flagChart(train, xaxis, hover()));
       if (stepped.length) {
         section.append(grid);
       } else {
@@ -445,6 +455,7 @@
     h('label', {}, h('input', Object.assign({type: 'checkbox', name: 'errors',
       checked: p.errors === 'true'}, testid('filter-errors'))), 'errors only'),
     field('text', 'text', {size: 18, placeholder: 'prompt, answer, tool call…'}),
+    field('flag', 'flag', {size: 14, placeholder: 'e.g. length_cap'}),
     h('button', Object.assign({type: 'submit'}, testid('apply')), 'Apply'),
     link(href('trajectories'), 'clear'));
     main.append(h('h1', {}, 'Trajectories'), form);
@@ -615,6 +626,13 @@
     if (data.missing) {
       main.append(h('p', {class: 'banner'}, data.missing));
       return;
+    }
+    if (data.flags && data.flags.length) {  // the detectors' flags (docs/signals.md)
+      main.append(h('section', Object.assign({class: 'flags'}, testid('flags')),
+        h('h2', {}, 'Flags'), data.flags.map((f) => h('div', Object.assign({class: 'flag-item'},
+          testid('flag-' + f.name)), h('strong', {}, f.name + ': '),
+          h('code', {}, typeof f.evidence === 'string' ? f.evidence
+            : JSON.stringify(f.evidence))))));
     }
     if (data.errors.length) {
       main.append(h('section', Object.assign({class: 'errors'}, testid('errors')),
