@@ -481,7 +481,8 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     fraction of its cost (a small op input or output is the common case). None otherwise (the
     walk decides; orjson refuses lone surrogates, ints beyond 64 bits and cycles)."""
     stack: list[tuple[Any, int]] = [(value, 0)]
-    nodes = 0
+    nodes = chars = 0
+    limit = max_bytes // _PLAIN_SHARE
     leaves = _PLAIN_LEAVES
     while stack:
         item, depth = stack.pop()
@@ -489,6 +490,10 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
         if nodes > _PLAIN_NODES or depth >= MAX_DEPTH:
             return None
         kind = type(item)
+        if kind is dict or kind is list or kind is tuple:
+            nodes += len(item)  # counted before the pass: a long list is the walk's at once
+            if nodes > _PLAIN_NODES:
+                return None
         if kind is dict:
             for key, sub in item.items():
                 if type(key) is not str or len(key) > MAX_KEY_CHARS:
@@ -496,8 +501,12 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
                 if redact and sub is not None and is_sensitive_key(key):
                     return None
                 sub_kind = type(sub)
-                if sub_kind in leaves:
-                    nodes += 1
+                if sub_kind is str:
+                    chars += len(sub)
+                    if chars > limit:  # a long string: the walk cuts it, nothing encoded here
+                        return None
+                elif sub_kind in leaves:
+                    pass
                 elif sub_kind is float:
                     if not math.isfinite(sub):
                         return None
@@ -506,8 +515,12 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
         elif kind is list or kind is tuple:
             for sub in item:
                 sub_kind = type(sub)
-                if sub_kind in leaves:
-                    nodes += 1
+                if sub_kind is str:
+                    chars += len(sub)
+                    if chars > limit:  # a long string: the walk cuts it, nothing encoded here
+                        return None
+                elif sub_kind in leaves:
+                    pass
                 elif sub_kind is float:
                     if not math.isfinite(sub):
                         return None
