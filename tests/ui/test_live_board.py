@@ -1,6 +1,7 @@
 """The Live board (issue 20, docs/live.md) in real Chromium: a tool stuck inside the project's agent
-loop shows on the board, stuck and first, with its trajectory and op, within 2 s of its threshold;
-once it finishes the board drops it by itself (it refreshes every second). Screenshot:
+loop, and an engine request held past the threshold, show on the board, stuck and first, with
+their trajectory and op, within 2 s of the threshold; once they finish the board drops them by
+itself (it refreshes every second). Screenshot:
 docs/img/ui-live.png (and the artifacts folder).
 
 The store is this test's own: ``ToolAgentLoop`` -> ``VLLMCompletionsClient`` -> HTTP -> a stub
@@ -39,12 +40,20 @@ class _Engine(BaseHTTPRequestHandler):
     """``/v1/completions``: a tool call until the prompt holds a tool response, then the answer."""
 
     tokenizer = CharTokenizer()
+    #: a request whose prompt holds "HOLD" waits until ``release`` is set (a held engine request)
+    release = threading.Event()
+    holding = threading.Event()
+    held_at = 0.0
 
     def log_message(self, *args) -> None:
         pass
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "HOLD" in self.tokenizer.decode(body["prompt"]) and not _Engine.release.is_set():
+            _Engine.held_at = time.time()
+            _Engine.holding.set()
+            _Engine.release.wait(60)
         text = ANSWER if "<tool_response>" in self.tokenizer.decode(body["prompt"]) else CALL
         ids = self.tokenizer.encode(text) + [self.tokenizer.eos_token_id]
         data = json.dumps({"id": "cmpl", "model": body["model"], "choices": [
@@ -99,6 +108,7 @@ def test_live_board_shows_the_stuck_tool_first_and_drops_it_when_done(page, tmp_
             with rollout_trace_attr(step=5, sample_index=2, trace=False):  # an unsampled one
                 await asyncio.sleep(0)
 
+    _Engine.release.set()  # nothing is held here
     ui = UIProcess(store)
     thread = threading.Thread(target=asyncio.run, args=(rollouts(),), daemon=True)
     try:
@@ -136,3 +146,56 @@ def test_live_board_shows_the_stuck_tool_first_and_drops_it_when_done(page, tmp_
         RolloutTraceConfig.shutdown(10.0)
         engine.shutdown()
     assert not list(Path(store, "live").glob("*.json"))
+
+
+def test_live_board_shows_a_held_engine_request_with_its_request_id(page, tmp_path, artifacts):
+    """An engine request held past the threshold: on the board, stuck and first, within 2 s, with
+    its trajectory, the LLM call's op and the request id the call sent; gone once answered."""
+    from playwright.sync_api import expect
+
+    store = tmp_path / "traces"
+    _Engine.release.clear()
+    _Engine.holding.clear()
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{engine.server_address[1]}"
+    RolloutTraceConfig.init("proj", "exp", "file", trace_dir=str(store), live=True,
+                            stuck_after_s=THRESHOLD_S)
+    tok = CharTokenizer()
+
+    async def rollouts() -> None:
+        async with VLLMCompletionsClient(url, model="stub") as client:
+            loop = ToolAgentLoop(client, tok, tools=[CalculatorTool()], reward_fn=Gsm8kReward(),
+                                 max_assistant_turns=3, max_user_turns=3,
+                                 max_response_length=2048)
+            with rollout_trace_attr(step=7, sample_index=3, rollout_n=1, name="agent_loop"):
+                row = {"raw_prompt": [{"role": "user", "content": "HOLD: what is 12*7?"}],
+                       "reward_model": {"ground_truth": "84"}}
+                await loop.run({"temperature": 1.0, "max_tokens": 64}, **row)
+
+    ui = UIProcess(store)
+    thread = threading.Thread(target=asyncio.run, args=(rollouts(),), daemon=True)
+    try:
+        goto(page, ui.url, "#/live")
+        expect(page.locator('[data-testid="live-summary"]')).to_be_visible()
+        thread.start()
+        assert _Engine.holding.wait(30)
+        deadline = _Engine.held_at + THRESHOLD_S + 2.0
+        stuck = page.locator('[data-testid="live-stuck"]')
+        expect(stuck.first).to_be_visible(timeout=max(0.0, deadline - time.time()) * 1000)
+        first = page.locator('[data-testid="live-ops"] tr').nth(1)
+        cells = first.locator("td").all_inner_texts()
+        assert "STUCK" in cells[0]
+        assert cells[2:5] == ["7", "3", "1"], cells
+        assert cells[5].endswith("generate"), cells  # the LLM call's op waits on the engine
+        assert cells[9] not in ("", "—"), cells  # the request id the call sent to the engine
+        shot(page, artifacts, "ui-live-held-request")
+        _Engine.release.set()
+        thread.join(30)
+        expect(page.locator('[data-testid="live-stuck"]')).to_have_count(0, timeout=10_000)
+        expect(page.locator('[data-testid="live-op"]')).to_have_count(0, timeout=10_000)
+    finally:
+        _Engine.release.set()
+        ui.stop()
+        RolloutTraceConfig.shutdown(10.0)
+        engine.shutdown()
