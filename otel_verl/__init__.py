@@ -15,13 +15,14 @@ Usage::
         await MyAgentLoop().run(params, **row)
 
 Configuration: explicit argument > verl/Hydra key (``actor_rollout_ref.rollout.trace.*``,
-``trainer.*``) > environment (``OTEL_*``, ``OTEL_VERL_*``) > default; see the README's table.
+``trainer.*``) > environment (``OTEL_*``, ``OTEL_VERL_*``) > default; see docs/configuration.md.
 """
 
 from otel_verl import semconv
 from otel_verl._capture import payload_json, scrub_text, set_payload
 from otel_verl._config import ConfigError, TraceConfig
 from otel_verl._decorator import rollout_trace_op
+from otel_verl._evaluations import record_reward_component
 from otel_verl._facade import RolloutTraceConfig
 from otel_verl._policy import set_policy_version
 from otel_verl._propagation import inject_context, traceparent_headers, use_context
@@ -36,6 +37,7 @@ from otel_verl._trajectory import (
     set_trajectory_input,
     set_trajectory_output,
 )
+from otel_verl.exporters._detect import register_detector
 from otel_verl.semconv import SpanKindName
 
 __all__ = [
@@ -50,6 +52,8 @@ __all__ = [
     "is_recording",
     "payload_json",
     "record_reward",
+    "record_reward_component",
+    "register_detector",
     "rollout_trace_attr",
     "rollout_trace_op",
     "scrub_text",
