@@ -296,13 +296,19 @@ def _drop(con: duckdb.DuckDBPyConnection, name: str) -> None:
 _WITHOUT_TEXT = f"SELECT * EXCLUDE ({', '.join(TEXT_COLUMNS)}) FROM trajectories_text"
 
 
-def _has_texts(cache: str) -> bool:
-    """Whether compaction's trajectories file is there with the viewer's text columns (one
-    written before they were is not used: the rows are built again from the segments)."""
+def _has_texts(texts: str) -> bool:
+    """Whether compaction's text file is there (a lake compacted before it was written is
+    not read from its cache: the rows are built again from the segments)."""
     try:
-        return set(TEXT_COLUMNS) <= set(pq.read_schema(cache).names)
+        return set(TEXT_COLUMNS) <= set(pq.read_schema(texts).names)
     except (OSError, pa.ArrowException):
         return False
+
+
+def texts_path(lake: str, runs: int) -> str:
+    """The viewer's text of the :func:`cache_path` rows, row for row (``prompt``,
+    ``response``, ``search``)."""
+    return os.path.join(lake, "trajectories", f"texts-{runs}.parquet")
 
 
 def traces_path(lake: str, runs: int) -> str:
@@ -372,9 +378,21 @@ def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
         final = cache_path(lake, manifest.runs)
         os.makedirs(os.path.dirname(final), exist_ok=True)
         tmp = os.path.join(lake, "tmp", f"cache-{os.getpid()}-{manifest.runs}.parquet")
-        con.execute(f"COPY ({trajectories_sql('segment_spans', texts=True)} ORDER BY experiment, validate, "
-                    f"step, start_ns, trace_id) TO {_q(tmp)} "
+        # the rows with the viewer's text once, then split in two files of the same row order:
+        # the cache keeps exactly the trajectories columns (what any reader of this layout
+        # unions with its own rows), the text goes beside it (read by position)
+        tmp_full = tmp.replace("cache-", "full-")
+        con.execute(f"COPY ({trajectories_sql('segment_spans', texts=True)} ORDER BY experiment, "
+                    f"validate, step, start_ns, trace_id) TO {_q(tmp_full)} "
                     "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
+        texts = ", ".join(TEXT_COLUMNS)
+        con.execute(f"COPY (SELECT * EXCLUDE ({texts}) FROM read_parquet({_q(tmp_full)})) TO "
+                    f"{_q(tmp)} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
+        final_texts = texts_path(lake, manifest.runs)
+        tmp_texts = tmp.replace("cache-", "texts-")
+        con.execute(f"COPY (SELECT {texts} FROM read_parquet({_q(tmp_full)})) TO {_q(tmp_texts)} "
+                    "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
+        os.remove(tmp_full)
         final_reports = reports_path(lake, manifest.runs)
         tmp_reports = tmp.replace("cache-", "reports-")
         con.execute("COPY (SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, experiment, "
@@ -391,14 +409,16 @@ def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
                     "(FORMAT parquet)")
     finally:
         con.close()
-    for path in (tmp, tmp_reports, tmp_steps, tmp_traces):
+    for path in (tmp, tmp_reports, tmp_steps, tmp_traces, tmp_texts):
         with open(path, "rb+") as handle:
             os.fsync(handle.fileno())
+    os.replace(tmp_texts, final_texts)
     os.replace(tmp_traces, final_traces)
     os.replace(tmp_reports, final_reports)
     os.replace(tmp_steps, final_steps)
     os.replace(tmp, final)
-    keep = {os.path.basename(p) for p in (final, final_reports, final_steps, final_traces)}
+    keep = {os.path.basename(p) for p in (final, final_reports, final_steps, final_traces,
+                                          final_texts)}
     for name in os.listdir(os.path.dirname(final)):
         if name not in keep:
             with contextlib.suppress(OSError):
@@ -512,13 +532,16 @@ class Lake:
             con.execute("CREATE OR REPLACE TEMP VIEW raw_reports AS SELECT TraceId, SpanId, "
                         "experiment, validate, step, report_counts FROM raw_spans_arrow "
                         "WHERE is_report")
-            if (segments and excluded == set(manifest.excluded) and _has_texts(cache)
+            if (segments and excluded == set(manifest.excluded) and _has_texts(texts_path(self.lake_dir, manifest.runs))
                     and os.path.exists(reports)
                     and os.path.exists(steps_path(self.lake_dir, manifest.runs))):
                 # the segments' trajectories as compaction left them; the traces the raw
                 # lines touch are built again from all their spans
                 _drop(con, "trajectories")
                 cached = f"read_parquet({_q(cache)}, hive_partitioning = false)"
+                texts = texts_path(self.lake_dir, manifest.runs)
+                cached_text = (f"(SELECT * FROM {cached} POSITIONAL JOIN read_parquet("
+                               f"{_q(texts)}, hive_partitioning = false))")
                 cached_steps = (f"read_parquet({_q(steps_path(self.lake_dir, manifest.runs))}, "
                                 "hive_partitioning = false)")
                 con.execute(
@@ -527,14 +550,14 @@ class Lake:
                     "UNION ALL SELECT * FROM raw_reports")
                 if not raw.num_rows:  # everything compacted: compaction's rows as they are
                     con.execute("CREATE OR REPLACE VIEW trajectories_text AS SELECT * FROM "
-                                f"{cached}")
-                    con.execute(f"CREATE OR REPLACE VIEW trajectories AS {_WITHOUT_TEXT}")
+                                f"{cached_text}")
+                    con.execute(f"CREATE OR REPLACE VIEW trajectories AS SELECT * FROM {cached}")
                     con.execute(f"CREATE OR REPLACE VIEW steps AS SELECT * FROM {cached_steps}")
                 else:
                     self._ensure_views()
-                    self._touched(con, cached, cached_steps)
+                    self._touched(con, cached, cached_text, cached_steps)
                 state.cached = True
-                state.cache = cache
+                state.cache = texts
             else:
                 self._ensure_views()
                 _drop(con, "trajectories")
@@ -696,7 +719,8 @@ class Lake:
         return {"total": total[0]["n"], "rows": rows}
 
     @staticmethod
-    def _touched(con: duckdb.DuckDBPyConnection, cached: str, cached_steps: str) -> None:
+    def _touched(con: duckdb.DuckDBPyConnection, cached: str, cached_text: str,
+                 cached_steps: str) -> None:
         """Views over compaction's rows where the raw lines' traces (and their steps, now and
         as compacted) are aggregated again from all their spans."""
         con.execute("CREATE OR REPLACE TEMP TABLE raw_traces AS "
@@ -706,10 +730,13 @@ class Lake:
         con.execute("CREATE OR REPLACE TABLE touched_trajectories AS "
                     f"{trajectories_sql('touched_spans', texts=True)}")
         con.execute(
-            f"CREATE OR REPLACE VIEW trajectories_text AS SELECT * FROM {cached} WHERE "
+            f"CREATE OR REPLACE VIEW trajectories_text AS SELECT * FROM {cached_text} WHERE "
             "trace_id NOT IN (SELECT TraceId FROM raw_traces) UNION ALL "
             "SELECT * FROM touched_trajectories")
-        con.execute(f"CREATE OR REPLACE VIEW trajectories AS {_WITHOUT_TEXT}")
+        con.execute(
+            f"CREATE OR REPLACE VIEW trajectories AS SELECT * FROM {cached} WHERE "
+            "trace_id NOT IN (SELECT TraceId FROM raw_traces) UNION ALL "
+            f"SELECT * EXCLUDE ({', '.join(TEXT_COLUMNS)}) FROM touched_trajectories")
         con.execute(
             "CREATE OR REPLACE TEMP TABLE touched_steps AS "
             "SELECT DISTINCT experiment, validate, step FROM touched_trajectories UNION "

@@ -5,6 +5,7 @@ segments and for those still in raw lines beside them."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,12 @@ def test_a_lake_compacted_before_the_text_columns_still_reads(tmp_path: Path) ->
     compact(store, live_bytes=0)
     with Lake.open(store) as lake:
         want = sorted(r["key"] for r in lake.rows("SELECT key FROM trajectories"))
-    old = ["text_prompt", "text_response", "text_tool", "prompt", "response", "search"]
-    for path in (store / ".otel_verl_lake").rglob("*.parquet"):
-        if "payload" in path.parts:
-            continue
+        cache = lake.state.cache
+    assert cache is not None and os.path.basename(cache).startswith("texts-")
+    for path in (store / ".otel_verl_lake" / "spans").rglob("*.parquet"):
         table = pq.read_table(path)
-        pq.write_table(table.drop_columns([c for c in old if c in table.column_names]), path)
+        pq.write_table(table.drop_columns(["text_prompt", "text_response", "text_tool"]), path)
+    os.remove(cache)
     H.write_good_store(store, 2, step=2)  # and raw lines beside them
     with Lake.open(store) as lake:
         assert not lake.state.cached  # the old cache is not used: rows built from the segments
@@ -142,3 +143,33 @@ def test_a_lake_compacted_before_the_text_columns_still_reads(tmp_path: Path) ->
         assert all(r["prompt"] is None for r in rows if r["step"] == 1)
         assert all(r["prompt"] for r in rows if r["step"] == 2)
         assert lake.rows("SELECT count(*) AS n FROM spans")[0]["n"] > 0
+
+
+def test_the_cache_keeps_the_trajectories_columns(tmp_path: Path) -> None:
+    """Compaction's trajectories file holds exactly the ``trajectories`` columns (what a reader
+    of this layout unions with the rows it builds itself); the text is in its own file, row for
+    row."""
+    import pyarrow.parquet as pq
+
+    from otel_verl.store._query import Lake, cache_path, texts_path
+
+    store = tmp_path / "store"
+    H.write_good_store(store, 4, step=1)
+    compact(store, live_bytes=0)
+    with Lake.open(store) as lake:
+        plain = [d[0] for d in lake.sql("SELECT * FROM (" + lake_sql() + ") LIMIT 0").description]
+        runs = int(os.path.basename(lake.state.cache or "").split("-")[1].split(".")[0])
+        assert pq.read_schema(cache_path(lake.lake_dir, runs)).names == plain
+        assert pq.read_schema(texts_path(lake.lake_dir, runs)).names == [
+            "prompt", "response", "search"]
+        rebuilt = lake.rows(f"SELECT key, prompt, response, search FROM ("
+                            f"{lake_sql(texts=True)}) ORDER BY key")
+        assert lake.rows("SELECT key, prompt, response, search FROM trajectories_text "
+                         "ORDER BY key") == rebuilt
+        assert all(r["prompt"] for r in rebuilt)
+
+
+def lake_sql(texts: bool = False) -> str:
+    from otel_verl.store._query import trajectories_sql
+
+    return trajectories_sql("spans", texts=texts)
