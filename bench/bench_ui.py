@@ -217,12 +217,14 @@ def _median_ms(url: str, rounds: int = 5) -> tuple[float, bytes]:
 
 
 def _comparable(answer: Any) -> Any:
-    """An answer with the keys both read paths give (the lake's steps carry a few more)."""
+    """An answer with the keys both read paths give (the lake's steps carry a few more: the
+    index has no detectors' flags)."""
     if isinstance(answer, dict) and "steps" in answer:
         keys = set.intersection(*(set(s) for s in answer["steps"])) if answer["steps"] else set()
         return {"steps": [{k: (round(v, 9) if isinstance(v, float) else v)
                            for k, v in s.items() if k in keys and k not in (
-                               "traced", "estimated", "reward_mean_unweighted", "by_reason")}
+                               "traced", "estimated", "reward_mean_unweighted", "by_reason",
+                               "flags")}
                           for s in answer["steps"]], "flat": answer["flat"]}
     return answer
 

@@ -290,10 +290,15 @@ class LakeSource:
             "ORDER BY experiment")]
 
     def overview(self, experiment: str | None = None) -> list[dict[str, Any]]:
-        steps = self._lake.steps(experiment or None)
-        counts: dict[tuple[Any, Any, Any], dict[str, int]] = {}
-        for r in self._lake.rows(_FLAGS_PER_STEP):  # the detectors' flags (docs/signals.md)
-            counts.setdefault((r["experiment"], r["validate"], r["step"]), {})[r["flag"]] = r["n"]
+        serving = self._serving
+        steps = serving.lake.steps(experiment or None)
+        counts = serving.flags
+        if counts is None:  # once per lake opened: it scans the spans' attributes
+            counts = {}
+            for r in serving.lake.rows(_FLAGS_PER_STEP):  # the detectors' flags (docs/signals.md)
+                counts.setdefault((r["experiment"], r["validate"], r["step"]), {})[
+                    r["flag"]] = r["n"]
+            serving.flags = counts
         for s in steps:
             s["flags"] = counts.get((s.get("experiment"), s.get("validate"), s.get("step")), {})
         return steps
@@ -468,6 +473,8 @@ class _Serving:
         self._trace_ids = trace_ids
         self._places = places
         self.rows: dict[str, dict[str, Any]] = {}  # the rows of the pages served last
+        #: flagged trajectories per (experiment, validate, step) and flag, on first use
+        self.flags: dict[tuple[Any, Any, Any], dict[str, int]] | None = None
 
     def places(self, trace_id: str) -> list[tuple[str, int]]:
         """The (source, offset) of each store line holding a span of the trace."""
