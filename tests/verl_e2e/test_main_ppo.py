@@ -63,7 +63,9 @@ def v1_run(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
         # with a validation pass before training (verl's val_before_train): traced as validate
         run = run_main_ppo(workdir, tool_model, use_v1=True, backend="file",
                            engine_traces_url=engine.traces_url, trace_dir=trace_dir,
-                           validate=True)
+                           validate=True,
+                           # the length_cap detector on (a trajectory detector: nothing held)
+                           env={"OTEL_VERL_DETECT_FLAGS": "length_cap"})
     _check(run)
     return run
 
@@ -177,6 +179,35 @@ def test_v1_trainer_is_traced(v1_run: Run) -> None:
     assert isinstance(val[0].reward, float)
     names = Counter(s["name"] for _, s in val[0].walk())
     assert names["llm_request"] == names["LLMServerClient.generate"] >= 1, names
+    _assert_no_false_length_cap(v1_run)
+
+
+RESPONSE_LENGTH = 96  # _run.py's data.max_response_length
+
+
+def _assert_no_false_length_cap(run: Run) -> None:
+    """detect_flags=length_cap on the v1 run: no trajectory is flagged without cause.
+
+    Only the absence of false flags is asserted: no response can be provoked to the cap here
+    that the detector could see. verl 0.9.1's vLLM server reports both ``stop`` and ``length`` as
+    ``completed`` (vllm_async_server.py), and its ``max_tokens`` (from ``response_length``) is
+    set inside the server, not in the traced ``generate``'s sampling params; the tiny model's
+    turns are short (checked runs: at most 43 of 96 tokens). The positive case, the engine's own
+    ``length``, is tests/engine/test_vllm_flags.py on a real vLLM."""
+    trajectories = [t for t in group_trajectories(_spans(run)) if t.root is not None]
+    assert trajectories
+    for t in trajectories:
+        gen = [s["attributes"] for _, s in t.walk() if s["name"] == "LLMServerClient.generate"]
+        truncated = [a for a in gen if set(a.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS) or ())
+                     & set(semconv.TRUNCATING_FINISH_REASONS)]
+        flagged = t.root["attributes"].get(semconv.flag_key("length_cap"))
+        assert bool(flagged) == bool(truncated), (t.summary(), gen)
+        assert "length_cap" not in (t.root["attributes"].get(semconv.RL_FLAGS) or ()) \
+            or truncated, t.summary()
+    longest = max((s["attributes"].get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) or 0)
+                  for t in trajectories for _, s in t.walk())
+    print(f"\nlength_cap on verl: {len(trajectories)} trajectories, longest turn {longest} "
+          f"of {RESPONSE_LENGTH} tokens")
 
 
 def test_legacy_trainer_through_the_collector(legacy_run: Run, v1_run: Run) -> None:
