@@ -3,8 +3,9 @@
 Phoenix reads our spans over OTLP as they are (kinds, inputs/outputs, token counts, sessions), but
 it shows a score as an *evaluation* only when it arrives as an annotation through its REST API; a
 span event such as ``gen_ai.evaluation.result`` stays an event. This module reads the trajectory
-spans of a project back from Phoenix and posts one annotation per reward (name =
-``gen_ai.evaluation.name``, score, label; annotator ``CODE``). Annotations carry the identifier
+spans of a project back from Phoenix and posts one annotation per reward and per reward
+component (each its own ``gen_ai.evaluation.result``: name = ``gen_ai.evaluation.name``, score,
+label, explanation; annotator ``CODE``). Annotations carry the identifier
 ``otel_verl``, so running it again updates them instead of adding copies.
 
 Usage::
@@ -89,7 +90,8 @@ def reward_annotations(span: Mapping[str, Any]) -> list[dict[str, Any]]:
         if score is None and label is None:
             continue
         out.append(_annotation(span_id, str(attrs.get(semconv.GEN_AI_EVALUATION_NAME, "reward")),
-                               score, label, metadata))
+                               score, label, metadata,
+                               attrs.get(semconv.GEN_AI_EVALUATION_EXPLANATION)))
     if not out and attributes.get(semconv.ROLLOUT_REWARD) is not None:
         out.append(_annotation(span_id, "reward", attributes[semconv.ROLLOUT_REWARD], None,
                                metadata))
@@ -97,12 +99,14 @@ def reward_annotations(span: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _annotation(span_id: str, name: str, score: Any, label: Any,
-                metadata: Mapping[str, Any]) -> dict[str, Any]:
+                metadata: Mapping[str, Any], explanation: Any = None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if score is not None:
         result["score"] = float(score)
     if label is not None:
         result["label"] = str(label)
+    if explanation is not None:
+        result["explanation"] = str(explanation)
     return {"span_id": span_id, "name": name, "annotator_kind": "CODE", "result": result,
             "identifier": IDENTIFIER, "metadata": dict(metadata)}
 

@@ -18,6 +18,7 @@ from otel_verl import (
     rollout_trace_op,
     semconv,
 )
+from otel_verl.integrations.phoenix import annotate_rewards
 
 PROJECT = "otel-verl-signals"
 ROOTS = """query($n: String!, $f: String!) { getProjectByName(name: $n) {
@@ -74,3 +75,59 @@ def test_reward_components_and_flags_are_filterable_in_phoenix(phoenix: PhoenixS
         found = sorted(json.loads(e["node"]["attributes"])["rollout"]["rollout_n"]
                        for e in data["spans"]["edges"])
         assert found == expected, condition
+
+
+ANNOTATED = """query($n: String!) { getProjectByName(name: $n) {
+  spans(first: 100, filterCondition: "parent_id is None") { edges { node {
+    attributes spanAnnotations { name score label explanation annotatorKind } } } } } }"""
+
+
+def test_reward_components_become_phoenix_evaluations(phoenix: PhoenixServer, tmp_path):
+    """annotate-rewards posts the reward and each of its components as its own evaluation
+    (span annotation) of the trajectory, read back through Phoenix's GraphQL API and found by its
+    evaluation filter."""
+    project = "otel-verl-components"
+    RolloutTraceConfig.reset()
+    RolloutTraceConfig.init(project, "exp", "otlp", otlp_endpoint=phoenix.url,
+                            otlp_protocol="http/protobuf", schedule_delay_s=0.2,
+                            trace_dir=str(tmp_path))
+    for n in range(3):
+        with rollout_trace_attr(step=1, sample_index=0, rollout_n=n):
+            generate(f"c{n}", finish="stop")
+            fmt = 0.0 if n == 2 else 0.2
+            record_reward(1.0 + fmt, name="verifier", label="correct", components={
+                "correctness": 1.0,
+                "format": {"score": fmt, "label": "ok" if fmt else "format_error",
+                           "explanation": "#### answer found" if fmt else "no #### answer"}})
+    assert RolloutTraceConfig.shutdown(30)
+    RolloutTraceConfig.reset()
+    deadline = time.monotonic() + 120
+    roots: list[dict] = []
+    while time.monotonic() < deadline and len(roots) < 3:
+        data = phoenix.graphql(ANNOTATED, n=project)["getProjectByName"]
+        roots = [e["node"] for e in (data or {"spans": {"edges": []}})["spans"]["edges"]]
+        time.sleep(0.5)
+    assert len(roots) == 3
+    assert annotate_rewards(phoenix.url, project) == 3 * 3
+    assert annotate_rewards(phoenix.url, project) == 3 * 3  # again: updated, not duplicated
+    data = phoenix.graphql(ANNOTATED, n=project)["getProjectByName"]
+    for edge in data["spans"]["edges"]:
+        n = json.loads(edge["node"]["attributes"])["rollout"]["rollout_n"]
+        fmt = 0.0 if n == 2 else 0.2
+        got = {a["name"]: a for a in edge["node"]["spanAnnotations"]}
+        assert sorted(got) == ["correctness", "format", "verifier"], got
+        assert all(a["annotatorKind"] == "CODE" for a in got.values())
+        assert got["verifier"]["score"] == 1.0 + fmt and got["verifier"]["label"] == "correct"
+        assert got["correctness"]["score"] == 1.0
+        assert got["format"]["score"] == fmt
+        assert got["format"]["label"] == ("ok" if fmt else "format_error")
+        assert got["format"]["explanation"] == ("#### answer found" if fmt else "no #### answer")
+    names = phoenix.graphql("query($n: String!) { getProjectByName(name: $n) "
+                            "{ spanAnnotationNames } }", n=project)
+    assert sorted(names["getProjectByName"]["spanAnnotationNames"]) == \
+        ["correctness", "format", "verifier"]
+    # a component as the UI's evaluation filter finds it
+    found = phoenix.graphql(ROOTS, n=project, f="annotations['format'].label == 'format_error'")
+    rollouts = [json.loads(e["node"]["attributes"])["rollout"]["rollout_n"]
+                for e in found["getProjectByName"]["spans"]["edges"]]
+    assert rollouts == [2], rollouts
