@@ -54,6 +54,7 @@ import contextlib
 import math
 import os
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ __all__ = ["STEPS_SQL", "TRAJECTORIES_SQL", "TRAJECTORY_ORDER", "Lake", "LakeSta
            "trajectories_sql"]
 
 _MAX = 2**63 - 1
+#: seconds an earlier compaction's trajectories files stay after a new run replaced them
+CACHE_GRACE_S = 120.0
 _MAP_COLUMNS = ("ResourceAttributes", "SpanAttributes", "reward_components", "report_counts")
 _IDENTITY = ("step IS NULL AND sample_index IS NULL AND rollout_n IS NULL")
 
@@ -419,10 +422,14 @@ def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
     os.replace(tmp, final)
     keep = {os.path.basename(p) for p in (final, final_reports, final_steps, final_traces,
                                           final_texts)}
+    # an earlier run's files go once no reader can still be on them: a lake opened on the
+    # previous manifest (the viewer's, until its next poll) reads them per request
+    now = time.time()
     for name in os.listdir(os.path.dirname(final)):
-        if name not in keep:
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(os.path.dirname(final), name))
+        path = os.path.join(os.path.dirname(final), name)
+        with contextlib.suppress(OSError):
+            if name not in keep and now - os.stat(path).st_mtime > CACHE_GRACE_S:
+                os.remove(path)
     return final
 
 
