@@ -37,11 +37,13 @@ def test_demo_end_to_end(tmp_path, tiny_model_dir, capsys):
     # token2text from the --set override reached the run spans' outputs
     runs = [s for s in spans if s["name"] == "ToolAgentLoop.run"]
     assert len(runs) == 10 and all("response_text" in s["attributes"]["output.value"] for s in runs)
-    # every chat turn has exactly one vLLM llm_request child in the same trace
+    # every LLM call (one span: the op carrying the GenAI chat attributes) has exactly one vLLM
+    # llm_request child in the same trace
     by_parent = collections.defaultdict(list)
     for s in spans:
         by_parent[s["parent_span_id"]].append(s)
-    chats = [s for s in spans if s["name"].startswith("chat ")]
+    assert not [s for s in spans if s["name"].startswith("chat ")]  # no second span per call
+    chats = [s for s in spans if s["attributes"].get(semconv.GEN_AI_OPERATION_NAME) == "chat"]
     assert len(chats) == 20
     for chat in chats:
         (engine,) = [c for c in by_parent[chat["span_id"]] if c["name"] == "llm_request"]
