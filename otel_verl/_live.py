@@ -123,6 +123,9 @@ class LiveTracker(SpanProcessor):
         self.experiment = experiment
         self.interval_s = float(interval_s)
         self._lock = threading.Lock()
+        #: one tick at a time: a snapshot taken by the live thread must not be written over a
+        #: newer one taken by an explicit tick (the file would go back in time)
+        self._tick_lock = threading.Lock()
         self._reset()
         self._thread: threading.Thread | None = None
         self._start_thread()
@@ -242,6 +245,10 @@ class LiveTracker(SpanProcessor):
 
     def tick(self) -> dict[str, Any]:
         """One snapshot: send due straggler reports and newly stuck ops, write the live file."""
+        with self._tick_lock:
+            return self._tick()
+
+    def _tick(self) -> dict[str, Any]:
         self._send_reports()
         snapshot = self.snapshot()
         due = self.interval_s
@@ -426,6 +433,7 @@ class LiveTracker(SpanProcessor):
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
+        self._tick_lock = threading.Lock()
         closed = self.closed
         self._reset()
         self.closed = closed
