@@ -450,7 +450,11 @@ def test_with_regex_a_catastrophic_pattern_runs_under_a_timeout_and_fails_closed
         slow = Scrubber(["(a|aa)+$"], budget_s=0.05)
         for n in range(s._MAX_STRIKES):
             out = slow(_span(name="op", attributes={"input.value": "a" * 40 + f"b {n}"}))
-            assert out.attributes["input.value"] == REDACTED
+            attrs = dict(out.attributes)
+            # the value fails closed; on a loaded machine the span's budget can be spent before
+            # its key is checked, and then the key fails closed too: nothing leaves unchecked
+            assert attrs.get("input.value", attrs.get(REDACTED)) == REDACTED, attrs
+            assert not any("a" * 40 in str(k) + str(v) for k, v in attrs.items()), attrs
             assert out.context.span_id is not None
     assert slow.stats()["redact_failed_closed"] >= s._MAX_STRIKES
     assert slow.stats()["redact_patterns_refused"] == 1
