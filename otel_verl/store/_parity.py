@@ -287,7 +287,9 @@ def _retokenized(turns: Sequence[Turn]) -> Iterator[Difference]:
         # (a retokenization may merge or split tokens, shifting the rest)
         matcher = difflib.SequenceMatcher(None, response, turn.prompt[p_len:], autojunk=False)
         kept = sum(block.size for block in matcher.get_matching_blocks())
-        differ = len(response) - kept
+        # the base differs where the old prompt does not: at least one response token changed,
+        # even when the matcher pairs it with an equal token further on (a tool token)
+        differ = max(1, len(response) - kept)
         yield Difference("retokenized", f"turn {k + 1}: {differ} of {len(response)} tokens of "
                          f"turn {k}'s response retokenized differently in its prompt")
 
