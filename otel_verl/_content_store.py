@@ -1,0 +1,292 @@
+"""The content store (write side): unique content nodes written once per process and run.
+
+The format of a node line is in ``otel_verl._content``'s docstring and ``docs/content.md``; the
+reader is ``otel_verl.store._content``. ``otel_verl._content`` re-exports what is public here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from otel_verl import _fork
+from otel_verl._content import (
+    CONTENT_DIR,
+    KIND_MESSAGES,
+    KIND_TOKENS,
+    NODES_SUFFIX,
+    Step,
+    _dumps_sorted,
+)
+
+_log = logging.getLogger("otel_verl")
+
+#: the store's thread writes every this many seconds, or at once past ``WAKE_BYTES`` queued (a
+#: thread switch per LLM call would take the GIL from the rollout's loop mid-turn)
+WRITE_EVERY_S = 0.2
+WAKE_BYTES = 4 * 1024 * 1024
+
+
+# --- the content store (write side) ------------------------------------------------------------
+
+
+def node_line(kind: str, step: Step, scrubbed_delta: Any = None) -> bytes:
+    """One store line for a node (the format of the module docstring)."""
+    return _line(kind, step.id, step.length, step.base_id, step.base_len, step.delta_bytes,
+                 step.delta if scrubbed_delta is None else scrubbed_delta)
+
+
+def _line(kind: str, content_id: str, length: int, base_id: str | None, base_len: int,
+          delta_bytes: bytes, delta: Any) -> bytes:
+    head = {"id": content_id, "kind": kind, "len": length, "base": base_id,
+            "base_len": base_len}
+    text = _dumps_sorted(head)[:-1]
+    if kind == KIND_TOKENS:
+        body = b"[" + delta_bytes[:-1] + b"]"
+    else:
+        body = _dumps_sorted(delta)
+    return text + b',"delta":' + body + b"}\n"
+
+
+#: items per queued node in ``ContentStore._queue`` (kept flat: see ``ContentStore.put``)
+_NODE_ITEMS = 7
+
+
+class ContentStore:
+    """The content store of one process and run: nodes deduplicated by id, written by one
+    background thread, bounded by ``max_bytes`` (over it: counted, said once, never silent)."""
+
+    def __init__(self, directory: str, max_bytes: int, redact: bool) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.redact = redact
+        self._seen: set[str] = set()
+        self._reserved = 0
+        self._lock = threading.Lock()
+        #: nodes waiting for the store's thread, and their bytes: ``_NODE_ITEMS`` flat items per
+        #: node (kind, id, len, base, base_len, delta bytes, delta or None), no tuple or Step
+        #: kept per node: a container per LLM call that lives until the next write feeds the
+        #: young GC, which scans every 32k-token list in flight (a token node keeps only bytes)
+        self._queue: collections.deque[Any] = collections.deque()
+        self._queued_bytes = 0
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._wake = threading.Condition(self._lock)
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._file: Any = None
+        self._pid = os.getpid()
+        self.path = os.path.join(directory, f"{self._pid}-{time.time_ns()}{NODES_SUFFIX}")
+        self.counts = {"content_nodes": 0, "content_bytes": 0, "content_dedup_hits": 0,
+                       "content_dropped": 0, "content_dropped_bytes": 0, "content_errors": 0,
+                       "content_redacted": 0}
+        self._warned = False
+        #: set when ``close_all`` or a fork drops this store: callers holding it take a new one
+        self.retired = False
+
+    def put(self, kind: str, step: Step) -> str:
+        """Store a node once: ``"stored"`` (now or before), or ``"missing"`` (over budget).
+
+        A step that appends nothing is its base (same content, same id): nothing to write."""
+        size = len(step.delta_bytes) + 160
+        with self._lock:
+            if step.id in self._seen:
+                self.counts["content_dedup_hits"] += 1
+                return "stored"
+            if step.id == step.base_id:  # its base was not stored here (over budget)
+                return "missing"
+            if self._reserved + size > self.max_bytes:
+                self.counts["content_dropped"] += 1
+                self.counts["content_dropped_bytes"] += size
+                warn, self._warned = not self._warned, True
+            else:
+                warn = False
+                self._seen.add(step.id)
+                self._reserved += size
+                self._pending += 1
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="otel_verl-content",
+                                                    daemon=True)
+                    self._thread.start()
+                self._queue.extend((kind, step.id, step.length, step.base_id, step.base_len,
+                                    step.delta_bytes,
+                                    None if kind == KIND_TOKENS else step.delta))
+                self._queued_bytes += size
+                if self._queued_bytes >= WAKE_BYTES:  # else the thread comes by on its own:
+                    self._wake.notify()  # no thread switch per call on the rollout's loop
+                return "stored"
+        if warn:
+            _log.warning("otel_verl: the content store is full (content_store_bytes=%d): content "
+                         "beyond it is not stored (counted as content_dropped); spans say "
+                         "otel_verl.content.stored=missing", self.max_bytes)
+        return "missing"
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue and not self._closing:
+                    self._wake.wait(WRITE_EVERY_S)
+                if not self._queue:
+                    if self._closing:
+                        return
+                    continue
+                batch = list(self._queue)
+                self._queue.clear()
+                self._queued_bytes = 0
+            count = len(batch) // _NODE_ITEMS
+            for at in range(0, len(batch), _NODE_ITEMS):
+                try:
+                    self._write(*batch[at:at + _NODE_ITEMS])
+                except Exception as exc:  # noqa: BLE001 - disk full, a bad item: counted, said
+                    with self._lock:
+                        self.counts["content_errors"] += 1
+                    _log.warning("otel_verl: content store write failed: %r", exc)
+            if self._file is not None:  # each batch reaches the OS: a SIGKILL loses at most one
+                try:
+                    self._file.flush()
+                except (OSError, ValueError) as exc:
+                    with self._lock:
+                        self.counts["content_errors"] += 1
+                    _log.warning("otel_verl: content store write failed: %r", exc)
+            with self._idle:
+                self._pending -= count
+                if self._pending == 0:
+                    self._idle.notify_all()
+
+    def _write(self, kind: str, content_id: str, length: int, base_id: str | None,
+               base_len: int, delta_bytes: bytes, delta: Any) -> None:
+        if kind == KIND_MESSAGES and self.redact:
+            delta, hits = _scrub_value(delta)
+            if hits:
+                with self._lock:
+                    self.counts["content_redacted"] += hits
+        line = _line(kind, content_id, length, base_id, base_len, delta_bytes, delta)
+        if self._file is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self._file = open(self.path, "ab")  # noqa: SIM115 - held open, closed in close()
+        self._file.write(line)
+        with self._lock:
+            self.counts["content_nodes"] += 1
+            self.counts["content_bytes"] += len(line)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every node put so far is written and flushed to the OS."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            self._wake.notify()
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except (OSError, ValueError):
+                return False
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
+        if self._thread is not None:
+            with self._lock:
+                self._closing = True
+                self._wake.notify()
+            self._thread.join(timeout_s)
+            with self._lock:
+                self._thread = None
+                self._closing = False  # a later put starts a thread again
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+def _scrub_value(value: Any) -> tuple[Any, int]:
+    """Every string inside ``value`` through the span scrubber (one pass per string)."""
+    from otel_verl.exporters._scrub import scrub
+
+    hits = 0
+
+    def walk(item: Any) -> Any:
+        nonlocal hits
+        if type(item) is str:
+            text, found = scrub(item)
+            hits += found
+            return text
+        if isinstance(item, Mapping):
+            return {k: walk(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(value), hits
+
+
+_STORES: dict[tuple[str, int, bool], ContentStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store_for(trace_dir: str, max_bytes: int, redact: bool) -> ContentStore:
+    """The process's content store for a trace dir (one per process and run)."""
+    key = (os.path.abspath(trace_dir), max_bytes, redact)
+    store = _STORES.get(key)
+    if store is not None:
+        return store
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = ContentStore(os.path.join(key[0], CONTENT_DIR), max_bytes,
+                                                redact)
+        return store
+
+
+def flush_all(timeout_s: float = 10.0) -> bool:
+    """Flush every content store of this process (``RolloutTraceConfig.flush`` calls it)."""
+    return all([store.flush(timeout_s) for store in list(_STORES.values())])
+
+
+def close_all(timeout_s: float = 5.0) -> dict[str, int]:
+    """Write out and close every content store (the next put opens a new file: a new run);
+    returns their counters, summed."""
+    with _STORES_LOCK:
+        stores = list(_STORES.values())
+        _STORES.clear()
+    total: dict[str, int] = {}
+    for store in stores:
+        store.retired = True
+        store.close(timeout_s)
+        for key, value in store.stats().items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def stats_all() -> dict[str, int]:
+    """The counters of every content store of this process, summed."""
+    total: dict[str, int] = {}
+    for store in list(_STORES.values()):
+        for key, value in store.stats().items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def _after_fork_in_child() -> None:
+    for store in _STORES.values():
+        store.retired = True
+    _STORES.clear()  # the parent's threads and files are not the child's
+
+
+_fork.register_after_in_child(_after_fork_in_child, "content store")
+atexit.register(close_all)
