@@ -2,30 +2,41 @@
 
 One vLLM CPU server (tracing on, exporting to an in-process OTLP receiver in both modes), one
 tokenizer, the same multi-turn tool rollouts (seeded sampling + the demo's structured-output
-policy, so both modes do the same token work). Rounds alternate the order (off/on, on/off, ...);
-each round runs ``--trajectories`` rollouts at ``--concurrency`` and measures trajectories/s.
+policy, so both modes do the same token work). Each round runs ``--trajectories`` rollouts at
+``--concurrency`` in each mode, back to back, the order cycling through all six permutations of
+the three modes (so each mode runs first, second and third equally often):
 
 - off: ``RolloutTraceConfig`` not initialised (every ``rollout_trace_op`` calls straight through)
 - on:  ``backend=file`` (the default: bounded batch processor + OTLP/JSON file writer), every
        trajectory traced, ``traceparent`` sent so vLLM's ``llm_request`` joins each chat turn
 - meta: the same with ``capture_payloads=False`` (spans, attributes, usage, no inputs/outputs)
 
-Prints each round and the median ratios against off (target for on/off: >= 0.97). The three
-modes rotate their order every round.
+The unit is the round: its paired ratio on/off (and meta/off) and its paired differences. The
+report gives the median paired ratio with a distribution-free 95 % interval (order statistics),
+the ratio of summed rates with a bootstrap interval over rounds (``bench/_paired.py``), and per
+mode, each with its interval: the rollout process's CPU per trajectory (and what tracing adds,
+paired), the vLLM process group's CPU per trajectory, the client-side time between a response
+and the next request of the same trajectory, the engine's latency per request as the client sees
+it, the mean number of requests in flight at the engine, and the cores busy (vLLM's and the
+whole machine's). The load average is sampled each round. Target for on/off: >= 0.97.
 
-Run: ``python3 -m nox -s bench_engine`` or ``python bench/bench_rollout.py [--repeats 5]`` in a venv
-with requirements/engine.txt.
+Run: ``python3 -m nox -s bench_engine`` or ``python bench/bench_rollout.py [--repeats 18]
+[--json rounds.json]`` in a venv with requirements/engine.txt.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+
+from _paired import Estimate, bootstrap_ratio_of_sums, fmt, median_interval
 
 from otel_verl import RolloutTraceConfig, rollout_trace_attr
 from otel_verl.demo.otlp_receiver import OTLPReceiver
@@ -55,11 +66,39 @@ def _group_cpu_s(pgid: int) -> float:
     return total / tick
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (not idle or iowait) since boot (Linux)."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class _TimedClient(VLLMCompletionsClient):
+    """The bench's client: records, per trajectory (``request_id``), when each engine request
+    starts and ends, so the client-side time between turns can be told from the engine's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_end: dict[str, float] = {}
+        self.gaps: list[float] = []  # response -> next request of the same trajectory, s
+        self.latencies: list[float] = []  # request -> response, s
+
+    async def _generate(self, request_id, prompt_ids, sp, headers):
+        t0 = time.perf_counter()
+        prev = self.last_end.get(request_id)
+        if prev is not None:
+            self.gaps.append(t0 - prev)
+        out = await super()._generate(request_id, prompt_ids, sp, headers)
+        t1 = time.perf_counter()
+        self.latencies.append(t1 - t0)
+        self.last_end[request_id] = t1
+        return out
+
+
 async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int
-                 ) -> tuple[float, float]:
-    """Run ``n`` rollouts; returns (trajectories per second, this process's CPU ms per trajectory)."""
-    client = VLLMCompletionsClient(base_url, MODEL_NAME, tokenizer=tokenizer,
-                                   max_connections=concurrency)
+                 ) -> dict[str, float]:
+    """Run ``n`` rollouts; returns the round's measures for one mode (see ``MEASURES``)."""
+    client = _TimedClient(base_url, MODEL_NAME, tokenizer=tokenizer, max_connections=concurrency)
     loop = ToolAgentLoop(client, tokenizer, tools=[CalculatorTool()], reward_fn=Gsm8kReward(),
                          max_response_length=256, turn_sampling=ForcedToolPolicy(p_exact=1.0))
     rows = make_rows(max(1, n // 4))
@@ -78,15 +117,71 @@ async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     await client.aclose()
     assert all(o.extra_fields["num_tool_calls"] == 1 for o in outs)
-    return n / elapsed, 1000 * cpu / n
+    return {
+        "rate": n / elapsed,
+        "elapsed_s": elapsed,
+        "cpu_ms": 1000 * cpu / n,
+        "gap_ms": 1000 * statistics.fmean(client.gaps),
+        "latency_ms": 1000 * statistics.fmean(client.latencies),
+        "in_flight": sum(client.latencies) / elapsed,
+        "requests": len(client.latencies) / n,
+    }
+
+
+MODES = ("off", "on", "meta")
+ORDERS = list(itertools.permutations(MODES))
+
+
+def _report(rounds: list[dict[str, dict[str, float]]], loads: list[float]) -> dict[str, str]:
+    """Print the summary of the paired rounds; returns the figures as text, for the JSON dump."""
+    def col(mode: str, key: str) -> list[float]:
+        return [r[mode][key] for r in rounds]
+
+    out: dict[str, str] = {}
+
+    def line(label: str, est: Estimate, digits: int = 3, unit: str = "") -> None:
+        out[label] = fmt(est, digits) + unit
+        print(f"  {label:<44s} {out[label]}")
+
+    n = len(rounds)
+    print(f"\n{n} paired rounds; medians [95 % interval]; load average (1 min) over the rounds: "
+          f"min {min(loads):.2f}, median {statistics.median(loads):.2f}, max {max(loads):.2f}")
+    for mode in ("on", "meta"):
+        ratios = [r[mode]["rate"] / r["off"]["rate"] for r in rounds]
+        line(f"{mode}/off, median paired ratio", median_interval(ratios))
+        line(f"{mode}/off, ratio of summed rates (bootstrap)",
+             bootstrap_ratio_of_sums(col(mode, "rate"), col("off", "rate")))
+    for mode in MODES:
+        line(f"{mode}: trajectories/s", median_interval(col(mode, "rate")), 2)
+    for mode in ("on", "meta"):
+        added = [r[mode]["cpu_ms"] - r["off"]["cpu_ms"] for r in rounds]
+        line(f"{mode}: rollout CPU added per trajectory (paired)", median_interval(added), 2,
+             " ms")
+    for key, label, unit, digits in (
+        ("cpu_ms", "rollout process CPU per trajectory", " ms", 2),
+        ("engine_ms", "vLLM process group CPU per trajectory", " ms", 1),
+        ("gap_ms", "client time response -> next request", " ms", 2),
+        ("latency_ms", "engine latency per request (client view)", " ms", 1),
+        ("in_flight", "requests in flight at the engine (mean)", "", 2),
+        ("engine_cores", "vLLM process group CPU, cores busy", "", 2),
+        ("machine_cores", "whole machine CPU, cores busy", "", 2),
+    ):
+        for mode in MODES:
+            line(f"{mode}: {label}", median_interval(col(mode, key)), digits, unit)
+        for mode in ("on", "meta"):
+            diff = [r[mode][key] - r["off"][key] for r in rounds]
+            line(f"{mode} - off: {label} (paired)", median_interval(diff), digits, unit)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trajectories", type=int, default=32)
+    p.add_argument("--trajectories", type=int, default=32, help="rollouts per mode per round")
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=12, help="rounds per mode (interleaved)")
+    p.add_argument("--repeats", type=int, default=18,
+                   help="paired rounds (each runs every mode once; 18 = each order 3 times)")
     p.add_argument("--model-dir", default=None)
+    p.add_argument("--json", default=None, help="write every round's measures here")
     args = p.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -99,70 +194,57 @@ def main(argv: list[str] | None = None) -> int:
         otlp_protocol="http/protobuf",
     ) as server:
         print(f"vLLM up in {server.startup_s:.1f}s; {args.trajectories} trajectories x "
-              f"{args.repeats} rounds per mode, concurrency {args.concurrency}", flush=True)
+              f"{args.repeats} paired rounds, concurrency {args.concurrency}", flush=True)
 
-        modes = ("off", "on", "meta")
-        engine_cpu: dict[str, list[float]] = {m: [] for m in modes}
-
-        def run(mode: str, step: int) -> tuple[float, float]:
+        def run(mode: str, step: int) -> dict[str, float]:
             RolloutTraceConfig.reset()
-            e0 = _group_cpu_s(server.process.pid)
             if mode != "off":
                 RolloutTraceConfig.init("bench", "bench_rollout", backend="file",
                                         trace_dir=trace_dir, capture_payloads=mode == "on")
-            rate = asyncio.run(_batch(server.base_url, tokenizer, args.trajectories,
-                                      args.concurrency, step))
-            engine_cpu[mode].append(1000 * (_group_cpu_s(server.process.pid) - e0)
-                                    / args.trajectories)
+            e0, m0 = _group_cpu_s(server.process.pid), _machine_busy_s()
+            got = asyncio.run(_batch(server.base_url, tokenizer, args.trajectories,
+                                     args.concurrency, step))
+            engine_s = _group_cpu_s(server.process.pid) - e0
+            got["engine_ms"] = 1000 * engine_s / args.trajectories
+            got["engine_cores"] = engine_s / got["elapsed_s"]
+            got["machine_cores"] = (_machine_busy_s() - m0) / got["elapsed_s"]
             if mode != "off":  # export what is left outside the timed part, like a real step end
                 RolloutTraceConfig.flush(timeout_s=30)
             RolloutTraceConfig.reset()
-            return rate
+            return got
 
-        for _ in range(2):
-            run("off", 0)  # warm-up: regex compilation, prefix cache, connection setup
-            run("on", 1)
-        for values in engine_cpu.values():
-            values.clear()
-        rates: dict[str, list[float]] = {m: [] for m in modes}
-        cpu: dict[str, list[float]] = {m: [] for m in modes}
-        ratios, meta_ratios = [], []
+        for _ in range(2):  # warm-up: regex compilation, prefix cache, connection setup
+            for mode in MODES:
+                run(mode, 0)
+        rounds: list[dict[str, dict[str, float]]] = []
+        loads: list[float] = []
+        t_start = time.perf_counter()
         for r in range(args.repeats):
-            got = {}
-            for mode in modes[r % 3:] + modes[:r % 3]:
-                got[mode], ms = run(mode, 2 + r)
-                rates[mode].append(got[mode])
-                cpu[mode].append(ms)
-            ratios.append(got["on"] / got["off"])
-            meta_ratios.append(got["meta"] / got["off"])
-            print(f"round {r + 1:2d}: off {got['off']:6.2f}  on {got['on']:6.2f}  meta "
-                  f"{got['meta']:6.2f} traj/s   on/off {ratios[-1]:.3f}  meta/off "
-                  f"{meta_ratios[-1]:.3f}", flush=True)
-        median = statistics.median(ratios)
-        print(f"median off {statistics.median(rates['off']):.2f} traj/s, "
-              f"on {statistics.median(rates['on']):.2f} traj/s, meta "
-              f"{statistics.median(rates['meta']):.2f} traj/s; ratio of summed rates on/off "
-              f"{sum(rates['on']) / sum(rates['off']):.3f}, meta/off "
-              f"{sum(rates['meta']) / sum(rates['off']):.3f}")
-        print(f"rollout process CPU per trajectory (median): off {statistics.median(cpu['off']):.2f}"
-              f" ms, on {statistics.median(cpu['on']):.2f} ms (tracing adds "
-              f"{statistics.median(cpu['on']) - statistics.median(cpu['off']):.2f} ms)")
-        eng = {m: statistics.median(v) for m, v in engine_cpu.items()}
-        roll = {m: statistics.median(v) for m, v in cpu.items()}
-        print(f"vLLM process group CPU per trajectory (median): off {eng['off']:.2f} ms, "
-              f"on {eng['on']:.2f} ms, meta {eng['meta']:.2f} ms")
-        # the engine's CPU per trajectory is not a clean work measure (its busy loop spins while
-        # it waits, so it grows when the machine is loaded); the rollout process's is
-        added = roll["on"] - roll["off"]
-        capacity = 1000 * (os.cpu_count() or 1) / statistics.median(rates["off"])
-        print(f"estimate from CPU: tracing adds {added:.2f} ms per trajectory against "
-              f"{capacity:.0f} ms of machine CPU per trajectory -> ratio ~{1 - added / capacity:.3f}"
-              " (assumes a CPU-bound machine; insensitive to other load)")
-        print(f"throughput ratio on/off (median of {len(ratios)} paired rounds): {median:.3f}  "
-              f"(target >= 0.97) {'OK' if median >= 0.97 else 'BELOW TARGET'}")
-        print(f"throughput ratio meta/off (capture_payloads=False): "
-              f"{statistics.median(meta_ratios):.3f}")
+            order = ORDERS[r % len(ORDERS)]
+            got = {mode: run(mode, 2 + r) for mode in order}
+            rounds.append(got)
+            loads.append(os.getloadavg()[0])
+            print(f"round {r + 1:2d} ({'/'.join(order):12s}): "
+                  + "  ".join(f"{m} {got[m]['rate']:5.2f}" for m in MODES)
+                  + f" traj/s  on/off {got['on']['rate'] / got['off']['rate']:.3f}  meta/off "
+                  f"{got['meta']['rate'] / got['off']['rate']:.3f}  engine ms/traj "
+                  + "/".join(f"{got[m]['engine_ms']:.0f}" for m in MODES)
+                  + "  gap ms " + "/".join(f"{got[m]['gap_ms']:.1f}" for m in MODES)
+                  + f"  load {loads[-1]:.2f}  ({time.perf_counter() - t_start:.0f} s)",
+                  flush=True)
+        summary = _report(rounds, loads)
+        ratio = median_interval([r["on"]["rate"] / r["off"]["rate"] for r in rounds])
+        verdict = ("too few rounds for a 95 % interval" if ratio.coverage < 0.95
+                   else "met" if ratio.lo >= 0.97 else "not met" if ratio.hi < 0.97
+                   else "not settled (the interval straddles it)")
+        print(f"target on/off >= 0.97: {verdict}")
         print(f"engine spans received: {sum(s['name'] == 'llm_request' for s in receiver.spans())}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"args": vars(args), "rounds": rounds, "loads": loads,
+                           "summary": summary, "orders": [ORDERS[i % len(ORDERS)]
+                                                          for i in range(len(rounds))]},
+                          fh, indent=1)
     return 0
 
 
