@@ -13,9 +13,15 @@ calculator tool, 4 assistant turns, one token per character) with the engine's w
 Printed per context length: bytes per trajectory in the trace files and in the content store,
 the trajectory's unique content (its final token list and its message list, compact JSON: what
 a store holding each piece once would hold), the ratio stored / unique (all bytes, and the
-content-carrying bytes: payload attributes plus the store, span metadata left out), and whether
-every LLM
-call's whole prompt rebuilds from the store exactly as the engine received it ("complete").
+content-carrying bytes: payload attributes plus the store, span metadata left out), the same
+with the content store counted inflated (what it holds before its gzip members: the ratio
+compression does not flatter), and whether every LLM call's whole prompt rebuilds from the store
+exactly as the engine received it ("complete").
+
+Two prompt texts (``--texts``): ``filler``, the rollout stub's repeated sentence (one token per
+character: its ids are a few dozen distinct code points, so gzip gains ~30x: it flatters), and
+``zipf``, words of characters drawn Zipf-distributed (s=1.07) from 151,646 code points, the
+size of Qwen2's vocabulary (ids with a real vocabulary's spread: gzip gains ~2.4x on them).
 
 Then the capture CPU of one turn (the op's input capture, ``payload_attrs``) at turn 1 (the whole
 prompt is new: encoded and hashed once) and turn 4 (200 tokens appended) of a trajectory, before
@@ -30,8 +36,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -44,6 +52,7 @@ import bench_rollout_stub as stub  # noqa: E402
 
 from otel_verl import RolloutTraceConfig, rollout_trace_attr  # noqa: E402
 from otel_verl._capture import UNSET, payload_attrs  # noqa: E402
+from otel_verl._content_store import iter_members  # noqa: E402
 from otel_verl._state import STATE, TRAJECTORY, Trajectory  # noqa: E402
 from otel_verl.rollout.agent_loop import ToolAgentLoop  # noqa: E402
 from otel_verl.rollout.reward import Gsm8kReward  # noqa: E402
@@ -74,20 +83,46 @@ def _compact(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-def _sizes(trace_dir: str) -> tuple[int, int]:
-    """(bytes of span files, bytes of content store files) under a trace dir."""
-    spans = content = 0
+def _sizes(trace_dir: str) -> tuple[int, int, int]:
+    """(bytes of span files, of content store files, of content store files inflated) under a
+    trace dir."""
+    spans = content = inflated = 0
     for root, _dirs, files in os.walk(trace_dir):
         for name in files:
-            size = os.path.getsize(os.path.join(root, name))
-            if name.endswith(".nodes"):
+            path = os.path.join(root, name)
+            size = os.path.getsize(path)
+            if name.endswith(".nodes.gz"):
                 content += size
+                with open(path, "rb") as f:
+                    inflated += sum(len(m[2] or b"") for m in iter_members(f.read()))
+            elif name.endswith(".nodes"):
+                content += size
+                inflated += size
             elif name.endswith(".jsonl") and os.sep + "spool" not in root:
                 spans += size
-    return spans, content
+    return spans, content, inflated
 
 
-def run_mode(mode: str, n: int, context: int) -> dict[str, Any]:
+#: the ``zipf`` text: characters by rank (a fixed permutation of 151,646 code points past the
+#: ASCII range, surrogates left out) and their Zipf weights
+_VOCAB = 151_646
+_RNG = random.Random(18)
+_CODES = _RNG.sample([c for c in range(0x100, 0x100 + _VOCAB + 0x800)
+                      if not 0xD800 <= c < 0xE000], _VOCAB)
+_CUM_WEIGHTS = list(itertools.accumulate(1.0 / (rank + 1) ** 1.07 for rank in range(_VOCAB)))
+
+
+def _zipf_row(index: int, context_tokens: int) -> dict[str, Any]:
+    rng = random.Random(index)
+    chars = rng.choices(_CODES, cum_weights=_CUM_WEIGHTS, k=context_tokens - 40)
+    for at in range(0, len(chars), 5):  # words: a space every few characters
+        chars[at] = 32
+    filler = "".join(map(chr, chars))
+    return {"raw_prompt": [{"role": "user", "content": f"{filler}\nWhat is 12*7? ({index})"}],
+            "reward_model": {"ground_truth": "84"}, "extra_info": {"index": index}}
+
+
+def run_mode(mode: str, n: int, context: int, text: str = "filler") -> dict[str, Any]:
     trace_dir = tempfile.mkdtemp(prefix=f"bench_content_{mode}_")
     RolloutTraceConfig.reset()
     RolloutTraceConfig.init("bench", "content", "file", trace_dir=trace_dir,
@@ -96,7 +131,8 @@ def run_mode(mode: str, n: int, context: int) -> dict[str, Any]:
     client = RecordingClient(tokenizer)
     loop = ToolAgentLoop(client, tokenizer, tools=[CalculatorTool()], reward_fn=Gsm8kReward(),
                          max_assistant_turns=4, max_user_turns=4, max_response_length=4096)
-    rows = [stub._row(i, context) for i in range(n)]
+    make_row = stub._row if text == "filler" else _zipf_row
+    rows = [make_row(i, context) for i in range(n)]
 
     async def one(i: int) -> Any:
         with rollout_trace_attr(step=1, sample_index=i, rollout_n=0, name="agent_loop"):
@@ -109,7 +145,7 @@ def run_mode(mode: str, n: int, context: int) -> dict[str, Any]:
     RolloutTraceConfig.shutdown(60.0)
     unique = sum(_compact(o.prompt_ids + o.response_ids) + _compact(o.extra_fields["messages"])
                  for o in outs)
-    spans_bytes, content_bytes = _sizes(trace_dir)
+    spans_bytes, content_bytes, inflated_bytes = _sizes(trace_dir)
     complete = None
     spans = list(read_spans(trace_dir, warn=False))
     payload = sum(len(str(v).encode()) for span in spans for k, v in span["attributes"].items()
@@ -119,7 +155,7 @@ def run_mode(mode: str, n: int, context: int) -> dict[str, Any]:
                                      turn_prompts(spans, ContentIndex.load(trace_dir)))))
         complete = rebuilt == sorted(map(tuple, client.received))
     return {"spans": spans_bytes / n, "content": content_bytes / n, "unique": unique / n,
-            "payload": payload / n, "complete": complete}
+            "payload": payload / n, "complete": complete, "inflated": inflated_bytes / n}
 
 
 def turn_cpu(context: int, dedup: bool, repeats: int) -> tuple[float, float]:
@@ -157,21 +193,29 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=8)
     parser.add_argument("--contexts", default="32768,131072")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--texts", default="filler,zipf")
+    parser.add_argument("--bytes-only", action="store_true", help="skip the capture CPU")
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     print(f"store bytes per trajectory ({args.trajectories} trajectories x 4 turns, file "
-          "backend)")
-    print(f"{'context':>8} {'mode':>7} {'span files':>11} {'content':>9} {'total':>9} "
-          f"{'unique':>9} {'total/unique':>12} {'(payloads+content)/unique':>26}  complete")
+          "backend; 'inflated': the content store counted before compression)")
+    print(f"{'context':>8} {'text':>6} {'mode':>7} {'span files':>11} {'content':>9} "
+          f"{'total':>9} {'unique':>9} {'total/unique':>12} {'(payloads+content)/unique':>26} "
+          f"{'inflated total/unique':>22}  complete")
     for context in contexts:
-        for mode in ("before", "after"):
-            r = run_mode(mode, args.trajectories, context)
-            total = r["spans"] + r["content"]
-            done = "-" if r["complete"] is None else ("yes" if r["complete"] else "NO")
-            print(f"{context:>8} {mode:>7} {r['spans'] / 1024:>9.1f}Ki {r['content'] / 1024:>7.1f}"
-                  f"Ki {total / 1024:>7.1f}Ki {r['unique'] / 1024:>7.1f}Ki "
-                  f"{total / r['unique']:>12.2f} "
-                  f"{(r['payload'] + r['content']) / r['unique']:>26.2f}  {done}", flush=True)
+        for text in args.texts.split(","):
+            for mode in ("before", "after"):
+                r = run_mode(mode, args.trajectories, context, text)
+                total = r["spans"] + r["content"]
+                done = "-" if r["complete"] is None else ("yes" if r["complete"] else "NO")
+                print(f"{context:>8} {text:>6} {mode:>7} {r['spans'] / 1024:>9.1f}Ki "
+                      f"{r['content'] / 1024:>7.1f}Ki {total / 1024:>7.1f}Ki "
+                      f"{r['unique'] / 1024:>7.1f}Ki {total / r['unique']:>12.2f} "
+                      f"{(r['payload'] + r['content']) / r['unique']:>26.2f} "
+                      f"{(r['spans'] + r['inflated']) / r['unique']:>22.2f}  {done}",
+                      flush=True)
+    if args.bytes_only:
+        return
     print("\ninput capture of one LLM turn (payload_attrs), medians of interleaved repeats")
     for context in contexts:
         before: list[tuple[float, float]] = []

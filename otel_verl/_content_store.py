@@ -2,6 +2,17 @@
 
 The format of a node line is in ``otel_verl._content``'s docstring and ``docs/content.md``; the
 reader is ``otel_verl.store._content``. ``otel_verl._content`` re-exports what is public here.
+
+A store file is ``<trace_dir>/content/<pid>-<start ns>.nodes.gz``: one gzip member per node,
+each holding the node's JSON line, so ``zcat content/*.nodes.gz`` prints the lines as a plain
+``.nodes`` file holds them (the format before compression, still read). One member per node: a
+reader reaches a node by its member's offset without inflating the file (the Weave exporter), a
+damaged member costs that node only (the next member is found by its magic bytes and checked by
+its CRC), and a write cut short (SIGKILL) leaves a truncated last member, counted and skipped.
+Decimal token ids compress ~2.4x at level 1 (a real vocabulary's ids, Zipf-distributed; the
+rollout stub's repeated filler ~30x), at ~100 MB/s on the store's thread, with the GIL released.
+``content_store_bytes`` bounds the content before compression (it is reserved on the caller's
+thread, where nothing is compressed).
 """
 
 from __future__ import annotations
@@ -12,7 +23,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from otel_verl import _fork
@@ -31,6 +43,15 @@ _log = logging.getLogger("otel_verl")
 #: thread switch per LLM call would take the GIL from the rollout's loop mid-turn)
 WRITE_EVERY_S = 0.2
 WAKE_BYTES = 4 * 1024 * 1024
+#: a store file written now (gzip members); ``NODES_SUFFIX`` alone: plain lines (older stores)
+GZIP_SUFFIX = NODES_SUFFIX + ".gz"
+#: zlib level of a node's member: 1 is ~6x faster than the default 6 for ~15 % more bytes
+COMPRESS_LEVEL = 1
+#: a gzip member starts with these (magic, deflate)
+_GZIP_MAGIC = b"\x1f\x8b\x08"
+#: bytes fed to the inflater at a time when looking for a member's end (bounds the copy of
+#: ``unused_data`` per member: a file of many members is read in linear time)
+_READ_CHUNK = 1 << 16
 
 
 # --- the content store (write side) ------------------------------------------------------------
@@ -52,6 +73,51 @@ def _line(kind: str, content_id: str, length: int, base_id: str | None, base_len
     else:
         body = _dumps_sorted(delta)
     return text + b',"delta":' + body + b"}\n"
+
+
+def _member_at(view: memoryview, pos: int) -> tuple[int, bytes] | None:
+    """``(end, inflated)`` of a whole gzip member at ``pos`` (its CRC checked), or None."""
+    inflater = zlib.decompressobj(wbits=31)
+    parts: list[bytes] = []
+    at, end = pos, len(view)
+    try:
+        while not inflater.eof and at < end:
+            chunk = view[at:at + _READ_CHUNK]
+            parts.append(inflater.decompress(chunk))
+            at += len(chunk)
+    except zlib.error:
+        return None
+    if not inflater.eof:
+        return None
+    return at - len(inflater.unused_data), b"".join(parts)
+
+
+def iter_members(data: bytes, start: int = 0) -> Iterator[tuple[int, int, bytes | None]]:
+    """The gzip members of a store file's bytes from ``start``: ``(offset, size, inflated)``.
+
+    ``inflated`` is None for damaged bytes, which end where the next whole member starts (found
+    by its magic bytes and checked whole, CRC included, so a false start does not pass). Bytes
+    with no whole member after them (a write in progress or killed, or damage at the end) are
+    ``(offset, -1, None)``, last: a live reader waits for the rest, a reader of a closed store
+    counts them."""
+    view = memoryview(data)
+    pos, end = start, len(data)
+    while pos < end:
+        whole = _member_at(view, pos) if data.startswith(_GZIP_MAGIC, pos) else None
+        if whole is not None:
+            yield pos, whole[0] - pos, whole[1]
+            pos = whole[0]
+            continue
+        nxt = pos
+        while True:
+            nxt = data.find(_GZIP_MAGIC, nxt + 1)
+            if nxt < 0:
+                yield pos, -1, None
+                return
+            if _member_at(view, nxt) is not None:
+                break
+        yield pos, nxt - pos, None
+        pos = nxt
 
 
 #: items per queued node in ``ContentStore._queue`` (kept flat: see ``ContentStore.put``)
@@ -82,7 +148,7 @@ class ContentStore:
         self._thread: threading.Thread | None = None
         self._file: Any = None
         self._pid = os.getpid()
-        self.path = os.path.join(directory, f"{self._pid}-{time.time_ns()}{NODES_SUFFIX}")
+        self.path = os.path.join(directory, f"{self._pid}-{time.time_ns()}{GZIP_SUFFIX}")
         self.counts = {"content_nodes": 0, "content_bytes": 0, "content_dedup_hits": 0,
                        "content_dropped": 0, "content_dropped_bytes": 0, "content_errors": 0,
                        "content_redacted": 0}
@@ -167,13 +233,14 @@ class ContentStore:
                 with self._lock:
                     self.counts["content_redacted"] += hits
         line = _line(kind, content_id, length, base_id, base_len, delta_bytes, delta)
+        member = zlib.compress(line, COMPRESS_LEVEL, wbits=31)  # one gzip member (GIL released)
         if self._file is None:
             os.makedirs(self.directory, exist_ok=True)
             self._file = open(self.path, "ab")  # noqa: SIM115 - held open, closed in close()
-        self._file.write(line)
+        self._file.write(member)
         with self._lock:
             self.counts["content_nodes"] += 1
-            self.counts["content_bytes"] += len(line)
+            self.counts["content_bytes"] += len(member)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every node put so far is written and flushed to the OS."""

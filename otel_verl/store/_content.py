@@ -3,7 +3,8 @@
 
 Usage::
 
-    index = ContentIndex.load(trace_dir)       # the nodes under <trace_dir>/content/
+    index = ContentIndex.load(trace_dir)       # the nodes under <trace_dir>/content/ (.nodes.gz
+                                               # gzip members, or older plain .nodes lines)
     index.add_spans(spans)                     # + the deltas spans carry whole (inline)
     index.rebuild("tok:sha256:...")       # the whole token (or message) list
     turn_prompts(spans, index)                 # one record per delta-coded LLM call
@@ -21,7 +22,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from otel_verl import _content, semconv
+from otel_verl import _content, _content_store, semconv
 
 __all__ = ["ContentError", "ContentIndex", "resolve_refs", "turn_prompts"]
 
@@ -59,7 +60,8 @@ class ContentIndex:
 
     def __init__(self) -> None:
         self.nodes: dict[str, _Node] = {}
-        #: lines that were not nodes (a damaged or half-written store line), by file
+        #: lines that were not nodes (a damaged or half-written store line, or a damaged gzip
+        #: member: one each)
         self.bad_lines = 0
         self.files: list[str] = []
 
@@ -74,25 +76,39 @@ class ContentIndex:
         if not os.path.isdir(folder):
             return index
         for name in sorted(os.listdir(folder)):
-            if name.endswith(_content.NODES_SUFFIX):
+            if name.endswith((_content.NODES_SUFFIX, _content_store.GZIP_SUFFIX)):
                 index.read_file(os.path.join(folder, name))
         return index
 
     def read_file(self, path: str) -> None:
-        """Add the nodes of one store file (damaged lines are counted and skipped)."""
+        """Add the nodes of one store file: gzip members (``.gz``) or plain lines (damaged lines
+        and members are counted and skipped)."""
         self.files.append(path)
+        if not path.endswith(".gz"):
+            with open(path, "rb") as stream:
+                for line in stream:
+                    self._add_line(line)
+            return
         with open(path, "rb") as stream:
-            for line in stream:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    self.bad_lines += 1
-                    continue
-                node = _node_from(record) if isinstance(record, dict) else None
-                if node is None:
-                    self.bad_lines += 1
-                    continue
-                self.nodes.setdefault(node.id, node)
+            data = stream.read()
+        for _offset, _size, inflated in _content_store.iter_members(data):
+            if inflated is None:
+                self.bad_lines += 1
+                continue
+            for line in inflated.splitlines():
+                self._add_line(line)
+
+    def _add_line(self, line: bytes) -> None:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            self.bad_lines += 1
+            return
+        node = _node_from(record) if isinstance(record, dict) else None
+        if node is None:
+            self.bad_lines += 1
+            return
+        self.nodes.setdefault(node.id, node)
 
     def add_spans(self, spans: Iterable[Mapping[str, Any]]) -> None:
         """Add the nodes that spans carry whole: a delta shown inline (``otel_verl.content.inline``

@@ -5,6 +5,7 @@ point into the trajectory's content instead of repeating it; all of it resolves 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 
 from otel_verl import RolloutTraceConfig, semconv
@@ -56,7 +57,8 @@ def test_the_content_store_is_scrubbed_once_per_unique_content(tmp_path):
     row["raw_prompt"][0]["content"] += f" my key is {secret}"
     engine, spans = _run(tmp_path, [row])
     stats = RolloutTraceConfig.stats()
-    store = b"".join(p.read_bytes() for p in (tmp_path / "content").iterdir())
+    store = b"".join(gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+                     for p in (tmp_path / "content").iterdir())  # inflated: gzip members
     assert secret.encode() not in store and b"[REDACTED]" in store
     assert stats["content_redacted"] == 1  # the message, once (4 turns carry it)
     assert all(secret not in json.dumps(s["attributes"]) for s in spans)

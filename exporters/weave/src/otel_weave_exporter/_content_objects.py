@@ -25,6 +25,7 @@ import base64
 import hashlib
 import json
 import os
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -157,9 +158,10 @@ def publish(objects: ContentObjects, sender: Any, deadline: float) -> Published:
 
 
 class NodeReader:
-    """The nodes of otel_verl's content store (``<trace_dir>/content/*.nodes``, one JSON node a
-    line: ``{"id", "kind", "len", "base", "base_len", "delta"}``), indexed by id as the files
-    grow (only whole lines; each file read once, from where the last look stopped).
+    """The nodes of otel_verl's content store (``<trace_dir>/content/*.nodes.gz``, one gzip
+    member per node, or plain ``*.nodes``; one JSON node a line: ``{"id", "kind", "len",
+    "base", "base_len", "delta"}``), indexed by id as the files grow (only whole lines and
+    members; each file read once, from where the last look stopped).
 
     ``flush`` (optional) is called before looking again for an id not found: otel_verl's
     ``_content.flush_all``, so nodes its writer thread still buffers reach the file first.
@@ -175,7 +177,8 @@ class NodeReader:
 
     def _scan(self) -> None:
         try:
-            names = sorted(n for n in os.listdir(self.directory) if n.endswith((".nodes", ".jsonl")))
+            names = sorted(n for n in os.listdir(self.directory)
+                           if n.endswith((".nodes", ".jsonl", ".nodes.gz")))
         except OSError:
             return
         for name in names:
@@ -186,6 +189,9 @@ class NodeReader:
                     f.seek(start)
                     data = f.read()
             except OSError:
+                continue
+            if name.endswith(".gz"):
+                self._scan_members(path, start, data)
                 continue
             end = data.rfind(b"\n") + 1  # a line still being written waits for the next look
             pos = 0
@@ -202,6 +208,29 @@ class NodeReader:
                             self._index.popitem(last=False)
                 pos = nl + 1
             self._offsets[path] = start + end
+
+    def _scan_members(self, path: str, start: int, data: bytes) -> None:
+        """Index a ``.nodes.gz`` file (one gzip member per node, otel_verl's
+        ``_content_store.iter_members``) from ``start``: a member cut short waits for the next
+        look; damaged bytes are skipped (the next member is found by its magic and CRC)."""
+        pos = 0
+        while pos < len(data):
+            size, line = _gzip_member(data, pos)
+            if size < 0:  # cut short (a write in progress) or damaged: the next whole one
+                nxt = _next_member(data, pos)
+                if nxt < 0:
+                    break
+                pos = nxt
+                continue
+            marker = line.find(b'"id":"', 0, 200)
+            close = line.find(b'"', marker + 6, 300) if marker >= 0 else -1
+            if close > 0:
+                self._index[line[marker + 6:close].decode("utf-8", "replace")] = (
+                    path, start + pos, size)
+                if len(self._index) > self._max_index:
+                    self._index.popitem(last=False)
+            pos += size
+        self._offsets[path] = start + pos
 
     def node(self, node_id: str) -> dict[str, Any] | None:
         """The node ``node_id`` as stored, or None (not in the store, or unreadable)."""
@@ -222,10 +251,45 @@ class NodeReader:
         try:
             with open(path, "rb") as f:
                 f.seek(offset)
-                node = json.loads(f.read(size))
-        except (OSError, ValueError):
+                raw = f.read(size)
+            if path.endswith(".gz"):  # the node's own gzip member
+                raw = zlib.decompress(raw, wbits=31)
+            node = json.loads(raw)
+        except (OSError, ValueError, zlib.error):
             return None
         return node if isinstance(node, dict) and node.get("id") == node_id else None
+
+
+_GZIP_MAGIC = b"\x1f\x8b\x08"
+
+
+def _gzip_member(data: bytes, pos: int) -> tuple[int, bytes]:
+    """(size, inflated) of the whole gzip member at ``pos`` (CRC checked), or (-1, b"")."""
+    if not data.startswith(_GZIP_MAGIC, pos):
+        return -1, b""
+    inflater = zlib.decompressobj(wbits=31)
+    view = memoryview(data)
+    parts: list[bytes] = []
+    at = pos
+    try:
+        while not inflater.eof and at < len(data):
+            chunk = view[at:at + 65536]
+            parts.append(inflater.decompress(chunk))
+            at += len(chunk)
+    except zlib.error:
+        return -1, b""
+    if not inflater.eof:
+        return -1, b""
+    return at - len(inflater.unused_data) - pos, b"".join(parts)
+
+
+def _next_member(data: bytes, pos: int) -> int:
+    """The offset of the next whole member after ``pos``, or -1 (none yet)."""
+    nxt = pos
+    while True:
+        nxt = data.find(_GZIP_MAGIC, nxt + 1)
+        if nxt < 0 or _gzip_member(data, nxt)[0] >= 0:
+            return nxt
 
 
 # --- calls: the delta-coded input field as segments of objects ----------------------------------
