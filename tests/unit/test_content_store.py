@@ -62,7 +62,7 @@ def test_every_reader_rebuilds_every_turn_from_the_gzip_store(tmp_path):
     raw = b"".join((folder / name).read_bytes() for name in names)
     inflated = gzip.decompress(raw)  # what zcat prints: the node lines
     lines = inflated.splitlines()
-    assert len(raw) < len(inflated) / 1.8  # decimal ids of a 151k vocabulary: ~2.4x
+    assert len(raw) < len(inflated) / 1.5  # uniformly random ids of a 151k vocabulary: ~1.9x
     nodes = [json.loads(line) for line in lines]
     assert {n["kind"] for n in nodes} == {"tokens"}
     # every LLM call's whole prompt, as the engine received it, from the store alone
