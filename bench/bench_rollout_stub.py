@@ -181,14 +181,16 @@ class _GcClock:
 
 
 def _round(mode: str, n: int, step: int, context_tokens: int, trace_dir: str
-           ) -> tuple[float, float, float, float, float]:
-    """(trajectories/s, loop-thread CPU s, other threads' CPU s, GC s, GC collections), the
-    last four per trajectory."""
+           ) -> tuple[float, float, float, float, float, float, float, float]:
+    """(trajectories/s, loop-thread CPU s, other threads' CPU s, GC s, GC collections, then
+    the collections of generations 0, 1 and 2 in the round), the CPU and GC figures per
+    trajectory; the generations from ``gc.get_stats()`` before and after."""
     RolloutTraceConfig.reset()
     if mode != "off":
         RolloutTraceConfig.init("bench", "stub", "file", trace_dir=trace_dir,
                                 **MODES.get(mode, {}))
     clock = _GcClock()
+    stats0 = [g["collections"] for g in gc.get_stats()]
     gc.callbacks.append(clock)
     try:
         proc0 = time.process_time()
@@ -198,11 +200,17 @@ def _round(mode: str, n: int, step: int, context_tokens: int, trace_dir: str
         other_cpu = time.process_time() - proc0 - loop_cpu
     finally:
         gc.callbacks.remove(clock)
+    gens = [g["collections"] - c for g, c in zip(gc.get_stats(), stats0, strict=True)]
     RolloutTraceConfig.reset()
     if DEBUG_GC:
         print(mode, "gc collections by generation", clock.collections, clock.by_thread,
               f"{clock.seconds * 1e3:.1f} ms")
-    return n / wall, loop_cpu / n, other_cpu / n, clock.seconds / n, sum(clock.collections) / n
+    return (n / wall, loop_cpu / n, other_cpu / n, clock.seconds / n, sum(clock.collections) / n,
+            float(gens[0]), float(gens[1]), float(gens[2]))
+
+
+def _gens(medians: list[float]) -> str:
+    return "/".join(f"{g:g}" for g in medians[5:8])
 
 
 def _spread(values: list[float]) -> str:
@@ -251,7 +259,7 @@ def main() -> None:
                 line.append(f"{mode}: {res[0]:6.2f} traj/s, loop CPU {res[1] * 1e3:6.2f} ms/traj,"
                             f" other threads {res[2] * 1e3:6.2f}, GC {res[3] * 1e3:5.2f} ms/traj")
             print(f"round {r + 1}: " + " | ".join(line), flush=True)
-    med = {m: [statistics.median(x[i] for x in results[m]) for i in range(5)] for m in modes}
+    med = {m: [statistics.median(x[i] for x in results[m]) for i in range(8)] for m in modes}
     print(f"\n{args.trajectories} concurrent trajectories, 4 turns of {TURN_S * 1e3:.0f} ms, "
           f"{args.context_tokens}-token contexts, {args.rounds} rounds "
           f"(medians; per-round ratio spread in brackets)")
@@ -265,7 +273,8 @@ def main() -> None:
               f" export threads {(med[mode][2] - med['off'][2]) * 1e3:.2f} ms/traj; GC "
               f"{med[mode][3] * 1e3:.2f} ms/traj in {med[mode][4]:.1f} collections (off "
               f"{med['off'][3] * 1e3:.2f} in {med['off'][4]:.1f}); "
-              f"{med[mode][0]:.2f} vs {med['off'][0]:.2f} traj/s")
+              f"{med[mode][0]:.2f} vs {med['off'][0]:.2f} traj/s; collections per round by "
+              f"generation {_gens(med[mode])} (off {_gens(med['off'])})")
     print(f"event-loop CPU per trajectory, off: {med['off'][1] * 1e3:.2f} ms   "
           "(targets: on/off >= 0.98 at 32k, >= 0.97 at 128k; meta >= 0.99; added <= 1 ms)")
 

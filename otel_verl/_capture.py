@@ -59,7 +59,7 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
     try:
         existing = getattr(span, "attributes", None) or {}  # input and output arrive separately
         attrs = payload_attrs(runtime, input, output, existing)
-        if output is not UNSET and semconv.CONTENT_ID in existing:
+        if output is not UNSET and semconv.CONTENT_FIELD in existing:
             attrs.update(content_outputs(span, output))
         span.set_attributes(attrs)
     except Exception as exc:
@@ -184,9 +184,12 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any]
     traj = TRAJECTORY.get()
     holder: dict[str, Any] = traj.content if traj is not None else {}
     chain = _content.chains_of(holder, field, kind)
-    step = chain.begin(value)
+    # a whole long prompt is hashed off the loop (its id goes on the span at its end)
+    step = chain.begin(value, defer_over=options.inline_bytes // 2)
     if step is None:
         return None
+    if step.pending:
+        return _pending_inputs(runtime, options, inputs, field, kind, step, traj, holder)
     stored = content_store(runtime).put(kind, step)
     inline = len(step.delta_bytes) <= options.inline_bytes
     attrs: dict[str, Any] = {
@@ -209,6 +212,57 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any]
     shown = dict(inputs)
     shown[field] = step.delta if inline else _preview(kind, step, options.inline_bytes)
     return shown, attrs
+
+
+#: the key (in the trajectory's content dict) of a field's whole prompt hashed off the loop
+_PENDING = "_pending:"
+
+
+def _pending_inputs(runtime: Runtime, options: ContentOptions, inputs: dict[str, Any],
+                    field: str, kind: str, step: Any, traj: Any, holder: dict[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``content_inputs`` for a whole prompt whose id is computed off the loop: the span
+    starts with its length and kind; ``settle_content`` adds the id and whether it is stored
+    when the call ends (the content thread has hashed and stored it by then, as a rule)."""
+    if traj is not None and traj.span is not None and not holder.get("_prompt_id_set"):
+        holder["_prompt_id_set"] = True
+        step.root_span = traj.span  # the trajectory's prompt, once, on its root
+    holder[_PENDING + field] = step
+    _content.defer(step, content_store(runtime))
+    attrs: dict[str, Any] = {
+        semconv.CONTENT_LEN: step.length, semconv.CONTENT_KIND: kind,
+        semconv.CONTENT_FIELD: field, semconv.CONTENT_DELTA_LEN: step.length,
+        semconv.CONTENT_INLINE: False,
+    }
+    shown = dict(inputs)
+    shown[field] = step.delta[: step.head_bytes.count(b",", 0, options.inline_bytes)]
+    return shown, attrs
+
+
+def settle_content(span: Span, attrs_now: Mapping[str, Any]) -> dict[str, Any]:
+    """At the end of a call whose whole prompt was hashed off the loop: its id and
+    ``stored`` (set on the trajectory's root too, once). ``{}`` for any other call."""
+    if semconv.CONTENT_ID in attrs_now:
+        return {}
+    field = attrs_now.get(semconv.CONTENT_FIELD)
+    traj = TRAJECTORY.get()
+    if traj is None or type(field) is not str:
+        return {}
+    key = _PENDING + field
+    step = traj.content.get(key)
+    if step is None or step.length != attrs_now.get(semconv.CONTENT_LEN):
+        return {}
+    del traj.content[key]
+    if not step.resolve():
+        return {semconv.CONTENT_STORED: "missing"}
+    root = step.root_span
+    if root is not None:
+        step.root_span = None
+        try:
+            root.set_attribute(semconv.CONTENT_PROMPT_ID, step.id)
+        except Exception as exc:  # noqa: BLE001
+            _errors.internal_error(exc, "content prompt id")
+    return {semconv.CONTENT_ID: step.id, semconv.CONTENT_STORED: step.stored or "missing"}
 
 
 #: a list shorter than this is never replaced by a reference (it costs less than one)
@@ -353,14 +407,15 @@ def content_outputs(span: Span, output: Any) -> dict[str, Any]:
     """At the end of a call whose prompt was delta-coded: its response extends the chain (the
     next call's base) and is stored as a node; the ``otel_verl.content.output_*`` attributes."""
     attrs_now = getattr(span, "attributes", None) or {}
-    content_id = attrs_now.get(semconv.CONTENT_ID)
+    settled = settle_content(span, attrs_now)
+    content_id = settled.get(semconv.CONTENT_ID, attrs_now.get(semconv.CONTENT_ID))
     if content_id is None:
-        return {}
+        return settled
     field = attrs_now.get(semconv.CONTENT_FIELD)
     traj = TRAJECTORY.get()
     chain = traj.content.get(field) if traj is not None and type(field) is str else None
     if chain is None:
-        return {}
+        return settled
     response = None
     if attrs_now.get(semconv.CONTENT_KIND) == _content.KIND_TOKENS:
         fields = as_dict(output)
@@ -373,13 +428,13 @@ def content_outputs(span: Span, output: Any) -> dict[str, Any]:
     node = chain.finish(content_id, int(attrs_now.get(semconv.CONTENT_LEN, -1)), response,
                         span_id)
     if node is None:
-        return {}
+        return settled
     runtime = STATE.runtime
     if runtime is None:
-        return {}
+        return settled
     stored = content_store(runtime).put(str(attrs_now.get(semconv.CONTENT_KIND)), node)
-    return {semconv.CONTENT_OUTPUT_ID: node.id, semconv.CONTENT_OUTPUT_LEN: node.length,
-            semconv.CONTENT_OUTPUT_STORED: stored}
+    return {**settled, semconv.CONTENT_OUTPUT_ID: node.id,
+            semconv.CONTENT_OUTPUT_LEN: node.length, semconv.CONTENT_OUTPUT_STORED: stored}
 
 
 def record_failure(span: Span, exc: BaseException) -> None:
@@ -391,6 +446,11 @@ def record_failure(span: Span, exc: BaseException) -> None:
     try:
         if not span.is_recording():
             return
+        attrs_now = getattr(span, "attributes", None) or {}
+        if semconv.CONTENT_FIELD in attrs_now:  # a call whose prompt id is not on it yet
+            settled = settle_content(span, attrs_now)
+            if settled:
+                span.set_attributes(settled)
         kind = type(exc)
         type_name = kind.__qualname__ if kind.__module__ == "builtins" else \
             f"{kind.__module__}.{kind.__qualname__}"

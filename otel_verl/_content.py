@@ -37,9 +37,12 @@ Usage (what ``otel_verl._capture`` does per LLM call)::
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -184,6 +187,133 @@ class Step:
         self.base_len = base_len
         self.base_span_id = base_span_id
 
+    #: a step whose id is computed later (``PendingStep``)
+    pending = False
+
+    def resolve(self) -> bool:
+        """The id is known (always, for a step computed at once)."""
+        return True
+
+
+#: a whole prompt of at least this many tokens (that extends nothing) is hashed off the calling
+#: thread (``DeltaChain.begin(defer_over=...)``): below it the hash costs less than a hand-over
+DEFER_MIN_ITEMS = 2048
+#: tokens encoded per piece off the thread: the GIL is free between pieces (orjson holds it for
+#: a whole list; ~0.1 ms per piece), and the hash itself runs without it
+DEFER_CHUNK = 8192
+#: tokens at the head of a deferred prompt encoded at once (its preview on the span, and a first
+#: check that the list holds plain ints)
+DEFER_HEAD = 1024
+
+
+class PendingStep(Step):
+    """A whole prompt whose encode and hash happen off the event loop (turn 1 of a long
+    context: O(context) work that is not needed until the call ends).
+
+    ``id``, ``hasher`` and ``delta_bytes`` are None until ``resolve()``; the content thread
+    (``defer``) resolves it while the engine runs, and the call's end (or the chain's next use)
+    resolves it if that thread has not come by yet: whichever comes first computes it, under
+    the step's lock, once. It encodes the chain's own copy of the prompt (``source``, never
+    the caller's list, which an agent loop may extend in place), whose first ``length`` items
+    never change. Resolving also stores the node (``store.put``): ``stored`` says how it went.
+    """
+
+    __slots__ = ("_done", "_kind", "_lock", "head_bytes", "root_span", "source", "store",
+                 "stored")
+
+    pending = True
+
+    def __init__(self, kind: str, source: list[Any], length: int, delta: list[Any],
+                 head_bytes: bytes) -> None:
+        super().__init__(None, length, None, delta, None, None, 0, None)  # type: ignore[arg-type]
+        self._kind = kind
+        self.source = source
+        self.head_bytes = head_bytes
+        self.store: Any = None
+        self.stored: str | None = None
+        #: the trajectory span that takes this prompt's id (``otel_verl.content.prompt_id``)
+        self.root_span: Any = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def resolve(self) -> bool:
+        """Compute the id (and store the node) unless done; False when the prompt turned out
+        not to be plain ints (not delta-coded: the span says ``stored=missing``)."""
+        if not self._done:
+            with self._lock:
+                if not self._done:
+                    self._compute()
+                    self._done = True
+        return self.id is not None
+
+    def _compute(self) -> None:
+        items, n = self.source, self.length
+        hasher = _hasher()
+        parts: list[bytes] = []
+        for at in range(0, n, DEFER_CHUNK):
+            data = token_bytes(items[at:min(n, at + DEFER_CHUNK)])
+            if data is None:
+                self.source = []
+                return
+            hasher.update(data)  # without the GIL (hashlib, over 2 KiB)
+            parts.append(data)
+        self.delta_bytes = b"".join(parts)
+        self.hasher = hasher
+        self.id = _content_id(self._kind, hasher)
+        self.source = []  # the chain keeps its copy; this step needs it no more
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                self.stored = store.put(self._kind, self)
+            except Exception:  # noqa: BLE001 - counted as missing, never a wrong rebuild
+                self.stored = "missing"
+
+
+class _Deferred:
+    """The content-hash thread: resolves ``PendingStep``s in the order they came, one at a
+    time, while the calls they belong to wait on their engine. Started on first use (again in a
+    forked child: a step a parent queued is resolved by whoever needs it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[PendingStep] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def submit(self, step: PendingStep) -> None:
+        with self._cond:
+            self._queue.append(step)
+            if self._thread is None or self._pid != os.getpid():
+                self._queue = collections.deque([step])
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="otel_verl-content-hash",
+                                                daemon=True)
+                self._thread.start()
+            else:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                step = self._queue.popleft()
+            try:
+                step.resolve()
+            except Exception as exc:  # noqa: BLE001 - the caller resolves it again, or says so
+                _log.debug("otel_verl: deferred content hash failed: %r", exc)
+
+
+_DEFERRED = _Deferred()
+
+
+def defer(step: Step, store: Any = None) -> None:
+    """Resolve a pending step off the calling thread, then ``store.put`` it (no-op for a step
+    computed at once)."""
+    if isinstance(step, PendingStep):
+        step.store = store
+        _DEFERRED.submit(step)
+
 
 class DeltaChain:
     """The previous call of one trajectory (one input field): what the next call may extend.
@@ -194,8 +324,7 @@ class DeltaChain:
     """
 
     __slots__ = ("_full_hasher", "_full_id", "_full_len", "_items", "_kind", "_mark_ids",
-                 "_marks",
-                 "_prompt_hasher", "_prompt_id", "_prompt_len", "_span_id")
+                 "_marks", "_pending", "_prompt_hasher", "_prompt_id", "_prompt_len", "_span_id")
 
     def __init__(self, kind: str) -> None:
         self._kind = kind
@@ -210,6 +339,8 @@ class DeltaChain:
         #: (two flat lists: no tuple per node for the young GC to count)
         self._marks: list[int] = []
         self._mark_ids: list[str] = []
+        #: the last whole prompt, while its id is computed off the thread (``PendingStep``)
+        self._pending: PendingStep | None = None
 
     @property
     def kind(self) -> str:
@@ -218,14 +349,41 @@ class DeltaChain:
     def _encode(self, items: Sequence[Any]) -> bytes | None:
         return token_bytes(items) if self._kind == KIND_TOKENS else message_bytes(items)
 
-    def begin(self, items: Sequence[Any]) -> Step | None:
+    def _settle(self) -> None:
+        """The pending whole prompt's id, hash state and node mark, now (resolved off the
+        thread already, as a rule); a prompt that was not plain ints leaves the chain empty."""
+        step, self._pending = self._pending, None
+        if step is None:
+            return
+        if step.resolve():
+            self._prompt_id = self._full_id = step.id
+            self._prompt_hasher = step.hasher.copy()
+            self._full_hasher = step.hasher
+            if self._marks and self._marks[0] == step.length:
+                self._mark_ids[0] = step.id
+        else:  # nothing recorded for it: the next call is recorded whole
+            self._items = []
+            self._marks, self._mark_ids = [], []
+            self._prompt_len = self._full_len = 0
+            self._prompt_id = self._full_id = None
+            self._prompt_hasher = self._full_hasher = None
+            self._span_id = None
+
+    def begin(self, items: Sequence[Any], defer_over: int = 0) -> Step | None:
         """The step for a call whose input field is ``items``; None when it cannot be encoded.
+
+        ``defer_over`` (tokens only): a whole prompt (one that extends nothing) of more items
+        than this, and at least ``DEFER_MIN_ITEMS``, comes back as a ``PendingStep``: its
+        encode and hash (O(context)) are left to ``defer``/``resolve``, and the calling thread
+        does only the copy the chain keeps (one C-level pass) and a head of it.
 
         The prefix check compares the previous prompt + response (else the previous prompt
         alone) with the head of ``items``: one C-level list comparison (``new[:n] == prev``, a
         pointer walk when the items are the same objects, as when a prompt is built by
         concatenation). A prompt that does not extend either is recorded whole.
         """
+        if self._pending is not None:
+            self._settle()
         new = items if type(items) is list else list(items)
         base_id: str | None = None
         base_len = 0
@@ -252,6 +410,9 @@ class DeltaChain:
             hasher = self._prompt_hasher.copy()
         if delta is None or not extended:
             delta = new[base_len:] if base_len else new
+        if (base_id is None and defer_over and self._kind == KIND_TOKENS
+                and len(new) > max(defer_over, DEFER_MIN_ITEMS)):
+            return self._begin_deferred(new)
         data = self._encode(delta)
         if data is None:
             if extended:
@@ -284,6 +445,20 @@ class DeltaChain:
         self._span_id = None
         return step
 
+    def _begin_deferred(self, new: list[Any]) -> Step | None:
+        head = token_bytes(new[:DEFER_HEAD])
+        if head is None or type(new[-1]) is not int:  # not plain ints: not delta-coded
+            return None
+        self._items = list(new)  # the chain's copy: the step encodes it (the caller's may change)
+        step = PendingStep(self._kind, self._items, len(new), new, head)
+        self._marks, self._mark_ids = [step.length], [""]
+        self._prompt_len = self._full_len = step.length
+        self._prompt_id = self._full_id = None
+        self._prompt_hasher = self._full_hasher = None
+        self._span_id = None
+        self._pending = step
+        return step
+
     def finish(self, content_id: str, length: int, response: Sequence[Any] | None,
                span_id: str | None) -> Step | None:
         """After the call whose prompt was ``content_id`` (``length`` items): its response
@@ -292,6 +467,8 @@ class DeltaChain:
         Returns the response's node (base = the prompt), or None when there is no response,
         it cannot be encoded, or another call of the trajectory began meanwhile.
         """
+        if self._pending is not None:
+            self._settle()
         if self._prompt_id != content_id or self._full_len != length:
             return None  # another call moved the chain on
         self._span_id = span_id
@@ -318,6 +495,8 @@ class DeltaChain:
         an appended rest (``{"$content": id, "len": n, "delta": rest}``) or a run between two
         of its nodes (``{"$content": id, "start": s, "len": n}``: ``content(id)[s:s+n]``);
         None otherwise. C-level comparisons of ``len(value)`` items at most per candidate."""
+        if self._pending is not None:
+            self._settle()
         n = len(value)
         items = self._items
         marks, ids = self._marks, self._mark_ids
