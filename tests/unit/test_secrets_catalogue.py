@@ -8,6 +8,7 @@ Weave encodings are applied to what the exporter received (exactly what those ex
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pathlib
@@ -148,7 +149,9 @@ def _file_bytes(carrier: str, trace_dir: pathlib.Path) -> bytes:
     data = b""
     for root, _, files in os.walk(trace_dir):
         for name in files:
-            data += pathlib.Path(root, name).read_bytes()
+            raw = pathlib.Path(root, name).read_bytes()
+            # the content store is gzip (one member per node): grep what it holds, not its bytes
+            data += gzip.decompress(raw) if name.endswith(".gz") else raw
     assert data, "the file backend wrote nothing"
     return data
 
