@@ -16,6 +16,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_weave_exporter import WeaveSpanExporter
 
 TIMEOUT_S = 0.6
+#: what a loaded machine may add to a bound (CI: 2 cores, load 10): the bounds these tests check
+#: are against waits of 15-30 s (a hanging server, a backoff), not against fractions of a second
+SLACK_S = 5.0
+#: the bound of the tests that also check it retried: room for two attempts on a loaded machine
+RETRY_TIMEOUT_S = 3.0
 
 
 def _spans(n=5):
@@ -39,16 +44,16 @@ def _exporter(url, **options):
 @pytest.mark.parametrize("status", [500, 503, 429])
 def test_retryable_status_forever_fails_within_the_bound(recorder, status):
     recorder.statuses = [status] * 10_000
-    exporter = _exporter(recorder.url)
+    exporter = _exporter(recorder.url, timeout_s=RETRY_TIMEOUT_S)
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.FAILURE
     elapsed = time.monotonic() - t0
-    assert elapsed < TIMEOUT_S + 0.5
+    assert elapsed < RETRY_TIMEOUT_S + SLACK_S
     assert len(recorder.requests) >= 2  # it did retry
     assert exporter.stats()["undelivered"] == 5 and exporter.stats()["delivered"] == 0
     t0 = time.monotonic()
     exporter.shutdown()
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 1.0 + SLACK_S
 
 
 def test_retry_after_is_honoured_and_then_succeeds(recorder):
@@ -63,11 +68,11 @@ def test_retry_after_is_honoured_and_then_succeeds(recorder):
 
 def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(recorder):
     recorder.drop_keepalive = True
-    exporter = _exporter(recorder.url, timeout_s=10.0, backoff_initial_s=3.0)
+    exporter = _exporter(recorder.url, timeout_s=60.0, backoff_initial_s=30.0)
     for _ in range(3):
         t0 = time.monotonic()
         assert exporter.export(_spans(2)) is SpanExportResult.SUCCESS
-        assert time.monotonic() - t0 < 1.5  # no 1.5-3 s backoff wait
+        assert time.monotonic() - t0 < SLACK_S  # no 15-30 s backoff wait
     assert exporter.stats()["delivered"] == 6 and len(recorder.requests) == 3
     assert exporter.stats()["requests"] == 3  # accepted
     assert exporter.stats()["retries"] == 2  # two attempts met the closed connection
@@ -75,10 +80,10 @@ def test_idle_connection_closed_by_the_server_is_reopened_without_backoff(record
 
 def test_non_retryable_status_fails_at_once(recorder):
     recorder.statuses = [401]
-    exporter = _exporter(recorder.url, timeout_s=5.0)
+    exporter = _exporter(recorder.url, timeout_s=30.0)
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.FAILURE
-    assert time.monotonic() - t0 < 1.0 and len(recorder.requests) == 1
+    assert time.monotonic() - t0 < SLACK_S and len(recorder.requests) == 1
 
 
 def test_413_splits_the_batch(recorder):
@@ -126,10 +131,10 @@ def test_server_that_never_answers(recorder):
     exporter = _exporter(recorder.url)
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.FAILURE
-    assert time.monotonic() - t0 < TIMEOUT_S + 0.5
+    assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S
     t0 = time.monotonic()
     exporter.shutdown()
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < 1.0 + SLACK_S
     assert exporter.export(_spans(1)) is SpanExportResult.FAILURE  # after shutdown
     assert exporter.stats()["dropped_after_shutdown"] == 1
 
@@ -140,21 +145,23 @@ def test_shutdown_cuts_an_export_in_flight(recorder):
     result = {}
     worker = threading.Thread(target=lambda: result.setdefault("r", exporter.export(_spans())))
     worker.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 20
+    while not recorder.requests and time.monotonic() < deadline:  # the request reached the server
+        time.sleep(0.02)
     assert exporter.force_flush(100) is False  # an export is in flight, bounded wait
     t0 = time.monotonic()
     exporter.shutdown()
-    worker.join(5)
-    assert time.monotonic() - t0 < 1.5
+    worker.join(20)
+    assert time.monotonic() - t0 < 1.0 + SLACK_S  # not the request's 30 s
     assert result["r"] is SpanExportResult.FAILURE
     exporter.shutdown()  # idempotent
 
 
 def test_connection_refused_fails_within_the_bound():
-    exporter = _exporter("http://127.0.0.1:9")  # discard port: nothing listens
+    exporter = _exporter("http://127.0.0.1:9", timeout_s=RETRY_TIMEOUT_S)  # nothing listens
     t0 = time.monotonic()
     assert exporter.export(_spans()) is SpanExportResult.FAILURE
-    assert time.monotonic() - t0 < TIMEOUT_S + 0.5
+    assert time.monotonic() - t0 < RETRY_TIMEOUT_S + SLACK_S
     assert exporter.stats()["retries"] >= 2 and exporter.stats()["requests"] == 0
 
 
@@ -171,7 +178,7 @@ def test_the_rollout_thread_is_unaffected_by_a_dead_server(recorder):
         with tracer.start_as_current_span("op", attributes={"rollout.step": i}):
             pass
     produce_s = time.monotonic() - t0
-    assert produce_s < 2.0, produce_s  # no network on the producing thread
+    assert produce_s < 4 * SLACK_S, produce_s  # no network on the producing thread (0.5 s each)
     t0 = time.monotonic()
     provider.shutdown()  # the processor drains (bounded exports) then shuts the exporter
     assert time.monotonic() - t0 < 15
