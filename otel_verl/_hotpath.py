@@ -23,7 +23,6 @@ from typing import Any
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace import Span as SdkSpan
-from opentelemetry.trace import SpanContext, TraceFlags
 
 #: attribute value types the SDK stores unchanged (no value-length limit): no cleaning needed
 _PLAIN = (str, bool, int, float)
@@ -115,57 +114,6 @@ def compact(span: ReadableSpan) -> ReadableSpan:
             instrumentation_scope=span.instrumentation_scope)
     except Exception:  # noqa: BLE001 - an SDK that changed shape: keep the span as it is
         return span
-
-
-def pack(span: ReadableSpan) -> Any:
-    """A finished span as one tuple for a queue (``unpack`` gives the span back): like
-    ``compact``, and one GC-tracked object instead of three (the copy, its ``SpanContext`` and
-    that context's ``TraceFlags``: the span ids and flags go in as ints, the contexts are made
-    again by ``unpack`` on the export thread). The span itself where ``compact`` keeps it."""
-    if not SDK_SHAPE_OK or type(span) is not ReadableSpan:
-        return span
-    try:
-        bounded = span._attributes
-        if type(bounded) is BoundedAttributes:
-            attributes: Any = bounded._dict
-        elif bounded is None or type(bounded) is dict:
-            attributes = bounded
-        else:
-            return span
-        context = span._context
-        if context is None or span.dropped_attributes or span.dropped_events or \
-                span.dropped_links:
-            return span
-        parent = span._parent
-        if parent is not None and type(parent) is not SpanContext:
-            return span
-        return (span._name, context.trace_id, context.span_id, context.is_remote,
-                int(context.trace_flags), context.trace_state,
-                None if parent is None else parent.trace_id,
-                None if parent is None else parent.span_id,
-                None if parent is None else parent.is_remote,
-                None if parent is None else int(parent.trace_flags),
-                None if parent is None else parent.trace_state,
-                span._resource, attributes, span.events, span.links, span._kind,
-                getattr(span, "_instrumentation_info", None), span._status, span._start_time,
-                span._end_time, span._instrumentation_scope)
-    except Exception:  # noqa: BLE001 - an SDK that changed shape: keep the span as it is
-        return span
-
-
-def unpack(item: Any) -> ReadableSpan:
-    """The span ``pack`` made ``item`` from (``item`` itself when it is a span)."""
-    if type(item) is not tuple:
-        return item
-    (name, trace_id, span_id, remote, flags, state, p_trace, p_span, p_remote, p_flags, p_state,
-     resource, attributes, events, links, kind, info, status, start, end, scope) = item
-    parent = None if p_trace is None else SpanContext(p_trace, p_span, p_remote,
-                                                      TraceFlags(p_flags), p_state)
-    return ReadableSpan(
-        name=name, context=SpanContext(trace_id, span_id, remote, TraceFlags(flags), state),
-        parent=parent, resource=resource, attributes=attributes, events=events, links=links,
-        kind=kind, instrumentation_info=info, status=status, start_time=start, end_time=end,
-        instrumentation_scope=scope)
 
 
 def _sdk_span_type() -> type:

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
 from otel_verl._fork import LiveInstances
-from otel_verl._hotpath import attribute_map, merge_clean, pack, unpack
+from otel_verl._hotpath import attribute_map, compact, merge_clean
 from otel_verl.exporters._spans import (  # estimate_bytes: imported from here too
     estimate_bytes,
     shutdown_within,
@@ -124,7 +124,7 @@ class BoundedBatchProcessor(SpanProcessor):
         # the spans and their estimated sizes side by side (no tuple per span for the young
         # GC to count): a size goes in before its span and comes out after it, so the worker
         # never finds a span without a size, whichever threads end spans
-        self._queue: collections.deque[Any] = collections.deque()  # ``_hotpath.pack``ed
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._sizes: collections.deque[int] = collections.deque()
         self._bytes = 0
         self._cond = threading.Condition()
@@ -150,6 +150,7 @@ class BoundedBatchProcessor(SpanProcessor):
                 _log.warning("otel_verl: a span ended after tracing was shut down (%r); it is not "
                              "exported (counted as dropped_after_shutdown)", span.name)
             return
+        span = compact(span)  # fewer GC-tracked objects while it waits in the queue
         size = estimate_bytes(span)
         if len(self._queue) >= self._max_queue or self._bytes + size > self._max_bytes:
             self._counts["dropped_queue_full"] += 1
@@ -161,7 +162,7 @@ class BoundedBatchProcessor(SpanProcessor):
                              self._counts["dropped_queue_full"])
             return
         self._sizes.append(size)
-        self._queue.append(pack(span))  # one GC-tracked object while it waits
+        self._queue.append(span)
         self._bytes += size
         self._counts["queued"] += 1
         if self._full() or self._pressed():
@@ -218,11 +219,11 @@ class BoundedBatchProcessor(SpanProcessor):
             size = 0
             while self._queue and len(batch) < self._batch and (
                     not batch or size < self._batch_bytes):
-                item = self._queue.popleft()
+                span = self._queue.popleft()
                 span_bytes = self._sizes.popleft()
                 self._bytes -= span_bytes
                 size += span_bytes
-                batch.append(unpack(item))
+                batch.append(span)
             self._in_flight = len(batch)
             self._export(self._transformed(batch))
             self._in_flight = 0
@@ -359,9 +360,9 @@ def _hand_to_log(processor: BoundedBatchProcessor) -> int:
     taken: list[ReadableSpan] = []
     with contextlib.suppress(IndexError):
         while True:  # the worker may pop concurrently: each span goes to one side only
-            item = processor._queue.popleft()
+            span = processor._queue.popleft()
             processor._bytes -= processor._sizes.popleft()
-            taken.append(unpack(item))
+            taken.append(span)
     batch = list(processor._in_flight_batch) if processor._in_flight else []
     spans = batch + taken  # the worker's batch may reach the log twice: backends key by span id
     if not spans:
