@@ -56,6 +56,7 @@ from otel_verl.store import (
 )
 from otel_verl.store._content import ContentIndex, turn_prompts
 from otel_verl.store._data_cli import add_export_parser, add_parity_parser
+from otel_verl.store._filters import DUCKDB, BadRequest, filter_clauses
 
 __all__ = ["main"]
 
@@ -369,18 +370,14 @@ FROM trajectories {where} ORDER BY coalesce(start_ns, 0), trace_id"""
 def _lake_list(args: argparse.Namespace, lake: Any) -> int:
     """``traces list`` through the query layer (the same rows as the trajectory model's)."""
     out = sys.stdout
-    clauses, params = [], []
-    for column, value in (("step", args.step), ("sample_index", args.sample_index),
-                          ("rollout_n", args.rollout_n), ("experiment", args.experiment),
-                          ("validate", args.validate)):
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    flag = getattr(args, "flag", None)
-    if flag:  # a detector's flag on the trajectory span (docs/signals.md)
-        clauses.append("trace_id || ':' || span_id IN (SELECT TraceId || ':' || SpanId FROM "
-                       "spans WHERE is_trajectory AND len(map_extract(SpanAttributes, ?)) > 0)")
-        params.append(semconv.flag_key(flag))
+    flag = getattr(args, "flag", None) or None  # a detector's flag (docs/signals.md)
+    try:
+        matching = filter_clauses(DUCKDB, step=args.step, sample_index=args.sample_index,
+                                  rollout_n=args.rollout_n, experiment=args.experiment,
+                                  validate=args.validate, flag=flag)
+    except BadRequest as error:
+        print(f"otel-verl: {error}", file=sys.stderr)
+        return 2
     if args.steps:
         steps = [s for s in lake.steps(args.experiment)
                  if (args.validate is None or bool(s["validate"]) == args.validate)
@@ -394,8 +391,7 @@ def _lake_list(args: argparse.Namespace, lake: Any) -> int:
                             s.get("reward_mean_unweighted"), s.get("error_rate"))
                            for s in steps]), out)
         return 0
-    rows = lake.rows(_LIST_SQL.format(where=("WHERE " + " AND ".join(clauses)) if clauses
-                                      else ""), params,
+    rows = lake.rows(_LIST_SQL.format(where=matching.where), list(matching.params),
                      spans=bool(flag) or not lake.state.cached)  # --flag reads spans
     if args.json:
         _dump_json(rows, out)

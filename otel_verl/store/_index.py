@@ -50,13 +50,23 @@ from otel_verl.store import (
     sampling_reports,
     spans_from_otlp_json,
 )
+from otel_verl.store._filters import INT64_MAX as _INT64_MAX
+from otel_verl.store._filters import INT64_MIN as _INT64_MIN
+from otel_verl.store._filters import (
+    SQLITE,
+    TRAJECTORY_COLUMNS,
+    BadRequest,
+    filter_clauses,
+    page_window,
+    sort_column,
+)
+from otel_verl.store._filters import clean_text as _clean
 
 __all__ = ["TRAJECTORY_COLUMNS", "BadRequest", "IndexStats", "StoreIndex", "default_index_path"]
 
 _logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "4"
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 #: bytes of a file's head and of the stretch before the indexed offset that identify its content
 _PRINT = 4096
 #: the attribute the tail sampler sets: how many trajectories this one stands for
@@ -94,14 +104,6 @@ _KEPT_ATTRIBUTES = (
 _KEPT_RESOURCE = (semconv.ROLLOUT_PROJECT_NAME, semconv.ROLLOUT_EXPERIMENT_NAME,
                   semconv.SERVICE_NAME)
 
-#: the columns of a trajectory row, in order (what the viewer's table and the report carry)
-TRAJECTORY_COLUMNS = (
-    "key", "trace_id", "span_id", "name", "project", "experiment", "step", "sample_index",
-    "rollout_n", "validate", "reward", "reward_label", "weight", "turns", "spans", "llm_calls",
-    "tokens_in", "tokens_out", "tool_calls", "tool_errors", "errors", "error", "start_ns",
-    "duration_ns", "llm_ns", "status", "sampling_reason", "termination", "prompt", "response",
-)
-_SORTABLE = {c for c in TRAJECTORY_COLUMNS if c not in ("prompt", "response", "error", "key")}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -175,11 +177,6 @@ _FILE_COLUMNS = ("path, file_id, offset, size, head, lines, bad_lines, bad_spans
                  "pending_bytes, dev, ino, mtime_ns, tail")
 
 
-class BadRequest(ValueError):
-    """A query the index cannot answer as asked (an integer beyond 64 bits, a page past the
-    end of any table): the caller's mistake, to be answered 400, not 500."""
-
-
 class _Damaged(Exception):
     """The index file disagrees with itself or with the store: rebuild it."""
 
@@ -225,15 +222,6 @@ def _sql_int(value: Any) -> int | None:
 def _clamp(value: int) -> int:
     """A sum held within 64 bits (hostile token counts must not overflow a column)."""
     return min(max(value, _INT64_MIN), _INT64_MAX)
-
-
-def _clean(text: str) -> str:
-    """``text`` encodable as UTF-8 (lone surrogates, valid in JSON, are not)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def _text(value: Any, limit: int = 500) -> str | None:
@@ -586,32 +574,6 @@ def _healed(method: Callable[Concatenate[StoreIndex, _P], _R]
         return method(self, *args, **kwargs)
 
     return healed
-
-
-def _query_int(what: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{what} must be an integer, not {value!r:.40}")
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        raise BadRequest(f"{what} {str(value)[:24]} is out of range (64-bit integers)")
-    return value
-
-
-def _query_float(what: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"{what} must be a number, not {value!r:.40}")
-    try:
-        number = float(value)
-    except OverflowError:
-        raise BadRequest(f"{what} {str(value)[:20]}... is out of range") from None
-    if math.isnan(number):
-        raise BadRequest(f"{what} must be a number, not NaN")
-    return number
-
-
-def _query_text(value: str | None) -> str | None:
-    return None if value is None else _clean(str(value))
 
 
 class StoreIndex:
@@ -1115,38 +1077,14 @@ class StoreIndex:
         ``with_search`` adds each row's lower-cased search text (``search``: prompt, answer, tool
         calls, error; what ``text`` matches), for the offline report's own filtering.
         """
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("experiment", _query_text(experiment)),
-                              ("step", _query_int("step", step)),
-                              ("sample_index", _query_int("sample_index", sample_index)),
-                              ("rollout_n", _query_int("rollout_n", rollout_n))):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if validate is not None:
-            clauses.append("validate = ?")
-            params.append(int(validate))
-        for op, bound in ((">=", reward_min), ("<=", reward_max)):
-            if bound is not None:
-                clauses.append(f"reward {op} ?")
-                params.append(_query_float("reward bound", bound))
-        if errors_only:
-            clauses.append("(errors > 0 OR tool_errors > 0)")
-        if text:
-            clauses.append("instr(search, ?) > 0")
-            params.append(_clean(text.lower()))
-        if trace_id:
-            clauses.append("trace_id LIKE ?")
-            params.append(_clean(trace_id.lower().replace("%", "").replace("_", "")) + "%")
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        if order not in _SORTABLE:
-            order = "start_ns"
+        found = filter_clauses(
+            SQLITE, experiment=experiment, step=step, sample_index=sample_index,
+            rollout_n=rollout_n, validate=validate, reward_min=reward_min,
+            reward_max=reward_max, errors_only=errors_only, text=text, trace_id=trace_id)
+        where, params = found.where, list(found.params)
+        order = sort_column(order)
         direction = "DESC" if descending else "ASC"
-        page_size = max(1, min(_query_int("page_size", page_size) or 1, max_page_size))
-        page = max(0, _query_int("page", page) or 0)
-        if page * page_size > _INT64_MAX:
-            raise BadRequest(f"page {page} is past the end of any table")
+        page, page_size = page_window(page, page_size, max_page_size)
         columns = [*TRAJECTORY_COLUMNS, *(("search",) if with_search else ())]
         conn = self._conn()
         total = conn.execute(f"SELECT count(*) FROM trajectories {where}", params).fetchone()[0]

@@ -37,18 +37,16 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from otel_verl import semconv
 from otel_verl.store import list_files
-from otel_verl.store._index import (
-    _INT64_MAX,
+from otel_verl.store._filters import (
+    DUCKDB,
     TRAJECTORY_COLUMNS,
-    BadRequest,
-    _clean,
-    _query_float,
-    _query_int,
-    _query_text,
-    _quiet_decode,
+    filter_clauses,
+    page_window,
+    sort_column,
 )
+from otel_verl.store._filters import clean_text as _clean
+from otel_verl.store._index import _quiet_decode
 
 if TYPE_CHECKING:
     from otel_verl.store._index import StoreIndex
@@ -59,7 +57,6 @@ __all__ = ["LakeSource", "lake_available", "open_source"]
 
 _logger = logging.getLogger(__name__)
 
-_SORTABLE = {c for c in TRAJECTORY_COLUMNS if c not in ("prompt", "response", "error", "key")}
 #: decoded store lines kept for trajectory pages (the rollouts of a group share their lines)
 _LINE_CACHE = 16
 #: rows of the pages served last kept for their trajectory pages
@@ -316,54 +313,26 @@ class LakeSource:
         max_page_size: int = 5000, flag: str | None = None) -> dict[str, Any]:
         """One page of trajectory rows matching every given filter, and the total count (the
         SQLite index's :meth:`~otel_verl.store._index.StoreIndex.trajectories`, same answers)."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("experiment", _query_text(experiment)),
-                              ("step", _query_int("step", step)),
-                              ("sample_index", _query_int("sample_index", sample_index)),
-                              ("rollout_n", _query_int("rollout_n", rollout_n))):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if validate is not None:
-            clauses.append("validate = ?")
-            params.append(bool(validate))
-        for op, bound in ((">=", reward_min), ("<=", reward_max)):
-            if bound is not None:
-                clauses.append(f"reward {op} ?")
-                params.append(_query_float("reward bound", bound))
-        if errors_only:
-            clauses.append("(errors > 0 OR tool_errors > 0)")
-        needle = _clean(text.lower()) if text else None
-        if trace_id:
-            clauses.append("starts_with(trace_id, ?)")
-            params.append(_clean(trace_id.lower()))
-        if flag:  # a detector's flag on the trajectory span (docs/signals.md)
-            clauses.append("trace_id || ':' || span_id IN (SELECT TraceId || ':' || SpanId FROM "
-                           "spans WHERE is_trajectory AND len(map_extract(SpanAttributes, ?)) > 0)")
-            params.append(semconv.flag_key(_clean(flag.strip().lower())))
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        if order not in _SORTABLE:
-            order = "start_ns"
+        matching = filter_clauses(
+            DUCKDB, experiment=experiment, step=step, sample_index=sample_index,
+            rollout_n=rollout_n, validate=validate, reward_min=reward_min,
+            reward_max=reward_max, errors_only=errors_only, text=text, trace_id=trace_id,
+            flag=flag.strip().lower() if flag else None)  # a detector's flag (docs/signals.md)
+        where, params = matching.where, list(matching.params)
+        order = sort_column(order)
         direction = "DESC" if descending else "ASC"
-        page_size = max(1, min(_query_int("page_size", page_size) or 1, max_page_size))
-        page = max(0, _query_int("page", page) or 0)
-        if page * page_size > _INT64_MAX:
-            raise BadRequest(f"page {page} is past the end of any table")
+        page, page_size = page_window(page, page_size, max_page_size)
         serving = self._serving
         lake = serving.lake
         # the filters, the sort and the limit in DuckDB, over the rows in memory; the search
         # text is read from compaction's file (and the raw traces' rows) when a filter needs it
         rows, names = "viewer_rows", _COLUMNS + (", search" if with_search else "")
-        if not serving.search_held and (with_search or needle):
+        if not serving.search_held and (with_search or text):
             rows = ("(SELECT v.*, x.search FROM viewer_rows v JOIN (SELECT key, search FROM "
                     "trajectories_text) x USING (key))")
-        if needle:  # the rows whose search text holds the needle
-            where = f"WHERE contains(search, ?){' AND ' if where else ''}{where[6:]}"
-            params = [needle, *params]
         # the count (known when nothing filters), then the page: two scans of the rows in
         # memory cost less than one with a window over every row
-        total = serving.total if not where and not needle else lake.rows(
+        total = serving.total if not where else lake.rows(
             f"SELECT count(*) AS n FROM {rows} {where}", params, spans=bool(flag))[0]["n"]
         found = lake.rows(
             f"SELECT {names} FROM {rows} {where} ORDER BY {order} {direction} NULLS LAST, step, "
