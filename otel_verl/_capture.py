@@ -22,6 +22,7 @@ from typing import Any
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_verl import _content, _errors, _payload, semconv
+from otel_verl._hotpath import clean_attributes, merge_clean
 from otel_verl._payload import TRUNCATION_MARK, redact_text, to_payload
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 
@@ -61,7 +62,7 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
         attrs = payload_attrs(runtime, input, output, existing)
         if output is not UNSET and semconv.CONTENT_FIELD in existing:
             attrs.update(content_outputs(span, output))
-        span.set_attributes(attrs)
+        merge_clean(span, clean_attributes(attrs))  # validated once, one insert (``_hotpath``)
     except Exception as exc:
         _errors.internal_error(exc, "set_payload")
 
