@@ -64,12 +64,14 @@ def test_full_queue_drops_are_counted_not_blocking():
     start = time.perf_counter()
     for i in range(50):
         tracer.start_span(f"s{i}").end()
-    assert time.perf_counter() - start < 1.0  # the producer never waits on the exporter
+    # the producer never waits on the exporter (its export hangs 30 s; a loaded machine
+    # stalls for seconds, never for 30)
+    assert time.perf_counter() - start < 10
     assert processor.stats()["dropped_queue_full"] >= 40
     begin = time.perf_counter()
     assert processor.force_flush(200) is False  # bounded
     processor.shutdown(timeout_millis=300)
-    assert time.perf_counter() - begin < 2.0
+    assert time.perf_counter() - begin < 10  # not the export's 30 s
     assert processor.stats()["abandoned_at_shutdown"] >= 1
     hanging.release.set()
 
@@ -114,7 +116,7 @@ def test_shutdown_bounded_even_if_exporter_hangs(tmp_path):
     work()
     start = time.perf_counter()
     assert RolloutTraceConfig.shutdown(timeout_s=1.0) is False
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < 10  # not the export's 30 s
     hanging.release.set()
 
 
