@@ -20,6 +20,10 @@ and the next request of the same trajectory, the engine's latency per request as
 it, the mean number of requests in flight at the engine, and the cores busy (vLLM's and the
 whole machine's). The load average is sampled each round. Target for on/off: >= 0.97.
 
+The paired ratio splits exactly into the client's share (requests in flight) and the engine's as
+the client sees it (1 / latency per request), since rate = in flight / (requests x latency).
+``--loop-lag`` adds a probe of the event loop's wake-up lag; ``--from-json`` reprints a saved run.
+
 Run: ``python3 -m nox -s bench_engine`` or ``python bench/bench_rollout.py [--repeats 18]
 [--json rounds.json]`` in a venv with requirements/engine.txt.
 """
@@ -95,8 +99,16 @@ class _TimedClient(VLLMCompletionsClient):
         return out
 
 
-async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int
-                 ) -> dict[str, float]:
+async def _lag_probe(stop: asyncio.Event, lags: list[float], period_s: float = 0.002) -> None:
+    """How late the event loop wakes a coroutine that sleeps ``period_s`` (its lag), repeatedly."""
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(period_s)
+        lags.append(time.perf_counter() - t - period_s)
+
+
+async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int,
+                 loop_lag: bool = False) -> dict[str, float]:
     """Run ``n`` rollouts; returns the round's measures for one mode (see ``MEASURES``)."""
     client = _TimedClient(base_url, MODEL_NAME, tokenizer=tokenizer, max_connections=concurrency)
     loop = ToolAgentLoop(client, tokenizer, tools=[CalculatorTool()], reward_fn=Gsm8kReward(),
@@ -112,9 +124,14 @@ async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int
                 return await loop.run({"temperature": 1.0, "max_tokens": 96, "seed": i,
                                        "logprobs": True}, **row)
 
+    stop, lags = asyncio.Event(), []
+    probe = asyncio.create_task(_lag_probe(stop, lags)) if loop_lag else None
     t0, c0 = time.perf_counter(), time.process_time()
     outs = await asyncio.gather(*(one(i) for i in range(n)))
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    stop.set()
+    if probe is not None:
+        await probe
     await client.aclose()
     assert all(o.extra_fields["num_tool_calls"] == 1 for o in outs)
     return {
@@ -125,6 +142,7 @@ async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int
         "latency_ms": 1000 * statistics.fmean(client.latencies),
         "in_flight": sum(client.latencies) / elapsed,
         "requests": len(client.latencies) / n,
+        **({"loop_lag_ms": 1000 * statistics.fmean(lags)} if lags else {}),
     }
 
 
@@ -151,6 +169,14 @@ def _report(rounds: list[dict[str, dict[str, float]]], loads: list[float]) -> di
         line(f"{mode}/off, median paired ratio", median_interval(ratios))
         line(f"{mode}/off, ratio of summed rates (bootstrap)",
              bootstrap_ratio_of_sums(col(mode, "rate"), col("off", "rate")))
+    # rate = (requests in flight) / (requests per trajectory x latency per request), exactly; so
+    # the paired ratio splits into the client's share (fewer requests in flight while the client
+    # works between turns) and the engine's as the client sees it (each request takes longer)
+    for mode in ("on", "meta"):
+        line(f"{mode}/off, requests in flight ratio (client)",
+             median_interval([r[mode]["in_flight"] / r["off"]["in_flight"] for r in rounds]))
+        line(f"{mode}/off, 1 / latency ratio (engine as seen)",
+             median_interval([r["off"]["latency_ms"] / r[mode]["latency_ms"] for r in rounds]))
     for mode in MODES:
         line(f"{mode}: trajectories/s", median_interval(col(mode, "rate")), 2)
     for mode in ("on", "meta"):
@@ -165,7 +191,10 @@ def _report(rounds: list[dict[str, dict[str, float]]], loads: list[float]) -> di
         ("in_flight", "requests in flight at the engine (mean)", "", 2),
         ("engine_cores", "vLLM process group CPU, cores busy", "", 2),
         ("machine_cores", "whole machine CPU, cores busy", "", 2),
+        ("loop_lag_ms", "event-loop lag of a 2 ms sleep (mean)", " ms", 2),
     ):
+        if any(key not in r[m] for r in rounds for m in MODES):
+            continue
         for mode in MODES:
             line(f"{mode}: {label}", median_interval(col(mode, key)), digits, unit)
         for mode in ("on", "meta"):
@@ -182,7 +211,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="paired rounds (each runs every mode once; 18 = each order 3 times)")
     p.add_argument("--model-dir", default=None)
     p.add_argument("--json", default=None, help="write every round's measures here")
+    p.add_argument("--loop-lag", action="store_true",
+                   help="also measure the event loop's lag (a probe coroutine, every mode)")
+    p.add_argument("--from-json", default=None,
+                   help="print the report of a run saved with --json, running nothing")
     args = p.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            saved = json.load(fh)
+        _report(saved["rounds"], saved["loads"])
+        return 0
 
     from transformers import AutoTokenizer
 
@@ -203,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                                         trace_dir=trace_dir, capture_payloads=mode == "on")
             e0, m0 = _group_cpu_s(server.process.pid), _machine_busy_s()
             got = asyncio.run(_batch(server.base_url, tokenizer, args.trajectories,
-                                     args.concurrency, step))
+                                     args.concurrency, step, args.loop_lag))
             engine_s = _group_cpu_s(server.process.pid) - e0
             got["engine_ms"] = 1000 * engine_s / args.trajectories
             got["engine_cores"] = engine_s / got["elapsed_s"]
