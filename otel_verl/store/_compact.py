@@ -51,6 +51,7 @@ import pyarrow.parquet as pq
 
 from otel_verl._otlp_json import iter_spans
 from otel_verl.store import list_files
+from otel_verl.store._fastrows import add_resource_spans
 from otel_verl.store._record import SpanRecord
 from otel_verl.store._schema import Columns
 
@@ -160,7 +161,7 @@ def no_gc() -> Iterator[None]:
 
 def decode_range(path: str, start: int, stop: int | None, columns: Columns, source: str,
                  counts: dict[str, int] | None = None,
-                 problems: list[str] | None = None) -> int:
+                 problems: list[str] | None = None, *, _legacy: bool = False) -> int:
     """Decode the whole lines of ``path`` in ``[start, stop)`` into ``columns``.
 
     ``counts`` gets ``lines``, ``bad_lines`` (not JSON, not OTLP), ``bad_spans`` and, when
@@ -172,11 +173,15 @@ def decode_range(path: str, start: int, stop: int | None, columns: Columns, sour
     """
     with no_gc():
         return _decode_range(path, start, stop, columns, source,
-                             counts if counts is not None else {}, problems)
+                             counts if counts is not None else {}, problems,
+                             _add_line_legacy if _legacy else _add_line)
 
 
 def _decode_range(path: str, start: int, stop: int | None, columns: Columns, source: str,
-                  counts: dict[str, int], problems: list[str] | None) -> int:
+                  counts: dict[str, int], problems: list[str] | None,
+                  add_line: Callable[[bytes, list[str], Columns, str, int], None] | None = None
+                  ) -> int:
+    add_line = add_line or _add_line
     with open(path, "rb") as handle:
         handle.seek(start)
         data = handle.read() if stop is None else handle.read(max(0, stop - start))
@@ -198,8 +203,7 @@ def _decode_range(path: str, start: int, stop: int | None, columns: Columns, sou
         if not raw.strip():
             continue
         added = len(columns)
-        for span in _spans_of_line(raw, bad):
-            columns.add(span, source, offset)
+        add_line(raw, bad, columns, source, offset)
         if bad:
             kind = "bad_lines" if bad[0].startswith("line:") and len(columns) == added \
                 else "bad_spans"
@@ -225,7 +229,7 @@ def _scrubbed(value: Any) -> Any:
     return value
 
 
-def _spans_of_line(raw: bytes, bad: list[str]) -> Iterator[SpanRecord]:
+def _resource_spans_of_line(raw: bytes, bad: list[str]) -> list[Any] | None:
     try:
         request = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
@@ -233,16 +237,44 @@ def _spans_of_line(raw: bytes, bad: list[str]) -> Iterator[SpanRecord]:
             request = _scrubbed(json.loads(raw))
         except (ValueError, RecursionError):
             bad.append(f"line: {error}")
-            return
+            return None
     resource_spans = request.get("resourceSpans", request.get("resource_spans")) \
         if isinstance(request, dict) else None
     if not isinstance(resource_spans, list):
         bad.append("line: no resourceSpans list")
+        return None
+    return resource_spans
+
+
+def _add_line(raw: bytes, bad: list[str], columns: Columns, source: str, offset: int) -> None:
+    """One line's span rows into ``columns`` (:mod:`otel_verl.store._fastrows`)."""
+    resource_spans = _resource_spans_of_line(raw, bad)
+    if resource_spans is None:
+        return
+    try:
+        add_resource_spans(columns, resource_spans, source, offset, bad.append)
+    except RecursionError:
+        bad.append("line: nested too deeply")
+
+
+def _spans_of_line(raw: bytes, bad: list[str]) -> Iterator[SpanRecord]:
+    """One line's typed span records (the codec's path; :func:`_add_line` builds the same rows
+    without them)."""
+    resource_spans = _resource_spans_of_line(raw, bad)
+    if resource_spans is None:
         return
     try:
         yield from iter_spans(resource_spans, bad.append)  # type: ignore[misc]
     except RecursionError:
         bad.append("line: nested too deeply")
+
+
+def _add_line_legacy(raw: bytes, bad: list[str], columns: Columns, source: str,
+                     offset: int) -> None:
+    """:func:`_add_line` through the typed records and :meth:`Columns.add` (kept to check the
+    fast path against)."""
+    for span in _spans_of_line(raw, bad):
+        columns.add(span, source, offset)
 
 
 def _part_dir(experiment: Any, step: Any) -> str:

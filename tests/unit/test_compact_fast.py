@@ -1,0 +1,252 @@
+"""Compaction's one-pass decoder (store/_fastrows) builds the same rows as the codec's path
+(``iter_spans`` -> ``SpanRecord`` -> ``Columns.add``): every column of every row, the payload
+rows, the line counts and the problems, on the hostile store, the lake tests' GRPO store,
+bench_ui's generated store, and generated OTLP spans with damaged fields."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_verl.store import list_files
+from otel_verl.store._compact import compact, decode_range, lake_dir
+from otel_verl.store._schema import Columns
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+H = _load("_hostile_spans", ROOT / "tests" / "_hostile_spans.py")
+L = _load("_lake_store", ROOT / "tests" / "_lake_store.py")
+
+
+def _plain(value: Any) -> Any:
+    """A cell comparable with ``==`` (NaN equal to itself)."""
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _ints(column: Any) -> Any:
+    """Timestamps as their int64 nanoseconds (Python's datetime has no nanoseconds)."""
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.int64())
+    if pa.types.is_list(column.type) and pa.types.is_timestamp(column.type.value_type):
+        return column.cast(pa.list_(pa.int64()))
+    return column
+
+
+def _decode(paths: list[str], legacy: bool) -> tuple[Any, ...]:
+    columns = Columns()
+    counts: dict[str, int] = {}
+    problems: list[str] = []
+    for path in paths:
+        decode_range(path, 0, None, columns, "src#0", counts, problems, _legacy=legacy)
+    spans, payload = columns.table(), columns.payload_table()
+    return ({name: _plain(_ints(spans.column(name)).to_pylist()) for name in spans.column_names},
+            {name: _plain(payload.column(name).to_pylist()) for name in payload.column_names},
+            counts, problems, spans.num_rows)
+
+
+def _assert_same_rows(paths: list[str], min_rows: int = 1) -> None:
+    old, new = _decode(paths, legacy=True), _decode(paths, legacy=False)
+    assert old[4] >= min_rows
+    for name, column in old[0].items():
+        assert new[0][name] == column, name
+    assert new[1] == old[1]
+    assert new[2:] == old[2:]
+
+
+def test_hostile_store_same_rows(tmp_path: Path) -> None:
+    """Every poisoned line of tests/_hostile_spans.py between good lines."""
+    H.write_good_store(tmp_path, 4)
+    H.poison_store(tmp_path)
+    paths = [p for p in list_files(tmp_path) if ".otel_verl_lake" not in p]
+    with open(paths[0], "ab") as handle:  # and a torn last line
+        handle.write(b'{"resourceSpans": [{"scopeSpans": [')
+    _assert_same_rows(paths, min_rows=40)
+
+
+def test_lake_store_same_rows(tmp_path: Path) -> None:
+    L.write_store(tmp_path, 5)
+    _assert_same_rows(list_files(tmp_path), min_rows=50)
+
+
+def test_bench_store_same_rows_and_compacts(tmp_path: Path) -> None:
+    """bench_ui's GRPO store (payloads, content references, engine spans in a second file),
+    and compaction over it writes every span."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        bench_ui = _load("bench_ui", ROOT / "bench" / "bench_ui.py")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    spans = bench_ui.generate_store(str(tmp_path), 40)
+    paths = list_files(tmp_path)
+    _assert_same_rows(paths, min_rows=spans)
+    stats = compact(tmp_path, live_bytes=0)
+    assert stats.spans == spans
+    assert Path(lake_dir(tmp_path), "manifest.v1").exists()
+
+
+# --- generated spans: every field canonical or damaged ------------------------------------------
+
+_KEYS = ["rollout.step", "rollout.sample_index", "rollout.rollout_n", "rollout.validate",
+         "rollout.experiment_name", "rollout.project_name", "rollout.reward",
+         "rollout.reward.format", "rollout.sampling.kept", "rollout.sampling.weight",
+         "rollout.sampling.reason", "rollout.num_turns", "rollout.termination",
+         "otel_verl.trajectory", "gen_ai.operation.name", "openinference.span.kind",
+         "gen_ai.tool.name", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
+         "gen_ai.response.finish_reasons", "gen_ai.evaluation.score.label", "error.type",
+         "input.value", "output.value", "gen_ai.input.messages", "gen_ai.tool.call.arguments",
+         "rollout.policy_version", "service.name", "plain"]
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
+                     st.floats(allow_nan=False), st.text(max_size=8),
+                     st.sampled_from(["NaN", "-Infinity", "chat", "execute_tool", "TOOL", "LLM",
+                                      "", "0", "12", "007", " 5", "1_000"]))
+_TEXTS = st.sampled_from([
+    '{"raw_prompt": [{"role": "user", "content": "what?"}]}',
+    '{"kwargs": {"messages": [{"role": "user", "content": "hi"}]}}',
+    '{"extra_fields": {"messages": [{"role": "assistant", "content": "done"}]}}',
+    '{"response_text": "x", "ok": false}', '{"ok" : false}', '[{"role": "user", "content": 1}]',
+    '{"prompt": "p"}', "not json", "x" * 1500, '{"messages": "no"}'])
+
+
+_CANONICAL = st.one_of(
+    st.builds(lambda v: {"stringValue": v}, st.one_of(st.text(max_size=10), _TEXTS,
+                                                      st.sampled_from(["chat", "TOOL", "LLM"]))),
+    st.builds(lambda v: {"intValue": str(v)}, st.integers(-(2**63), 2**63 - 1)),
+    st.builds(lambda v: {"doubleValue": v}, st.floats()),
+    st.builds(lambda v: {"boolValue": v}, st.booleans()))
+
+
+@st.composite
+def _any_value(draw: Any) -> Any:
+    """Mostly what a writer sends (so the fast path runs), else any damage."""
+    if draw(st.integers(0, 4)):
+        return draw(_CANONICAL)
+    member = draw(st.sampled_from(["stringValue", "intValue", "doubleValue", "boolValue",
+                                   "arrayValue", "kvlistValue", "bytesValue", "empty", "two",
+                                   "raw", "string_value"]))
+    if member == "stringValue":
+        return {"stringValue": draw(_SCALARS)}
+    if member == "intValue":
+        return {"intValue": draw(st.one_of(st.integers(-(2**64), 2**64).map(str), _SCALARS))}
+    if member == "doubleValue":
+        return {"doubleValue": draw(_SCALARS)}
+    if member == "boolValue":
+        return {"boolValue": draw(_SCALARS)}
+    if member == "arrayValue":
+        return {"arrayValue": {"values": [{"stringValue": "stop"}, {"intValue": "3"}]}}
+    if member == "kvlistValue":
+        return {"kvlistValue": {"values": [{"key": "k", "value": {"boolValue": True}}]}}
+    if member == "bytesValue":
+        return {"bytesValue": draw(st.sampled_from(["aGk=", "!!", ""]))}
+    if member == "empty":
+        return draw(st.sampled_from([{}, None]))
+    if member == "two":
+        return {"stringValue": "a", "intValue": "1"}
+    if member == "string_value":
+        return {"string_value": "snake"}
+    return draw(_SCALARS)
+
+
+_IDS = st.sampled_from(["", None, "0" * 32, "ab" * 16, "AB" * 16, "zz" * 16, "ab" * 8, "0" * 16,
+                        "q83vEjRWeJA=", "q83vEjRWeJCrze8SNFZ4kA==", " a" * 8, 7])
+
+
+@st.composite
+def _span(draw: Any, n: int) -> dict[str, Any]:
+    keys = draw(st.lists(st.sampled_from(_KEYS), max_size=12, unique=True))
+    span: dict[str, Any] = {
+        "traceId": f"{n + 1:032x}", "spanId": f"{n + 1:016x}", "name": "agent_loop",
+        "kind": 1, "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000000001000",
+        "attributes": [{"key": k, "value": draw(_any_value())} for k in keys],
+        "status": {}}
+    for field, values in (
+            ("traceId", _IDS), ("spanId", _IDS), ("parentSpanId", _IDS),
+            ("parent_span_id", st.sampled_from(["ab" * 8])),
+            ("trace_id", st.sampled_from(["cd" * 16])),
+            ("name", st.sampled_from(["rollout.sampling_report", "", 42, "chat x"])),
+            ("kind", st.sampled_from([0, 3, 6, -1, True, "SPAN_KIND_SERVER", None, 2.5])),
+            ("startTimeUnixNano", st.sampled_from(["0", str(2**63), str(2**64), "-1", 5, "x",
+                                                   None, 1.5])),
+            ("endTimeUnixNano", st.sampled_from(["1", str(2**63 + 5), None, "1e3"])),
+            ("end_time_unix_nano", st.sampled_from(["9"])),
+            ("status", st.sampled_from([{"code": 2, "message": "boom"}, {"code": 2},
+                                        {"code": 1}, {"code": 5}, {"code": "STATUS_CODE_ERROR"},
+                                        {"message": 3}, [], None, "x"])),
+            ("events", st.sampled_from([
+                [{"name": "gen_ai.evaluation.result", "timeUnixNano": "5", "attributes": [
+                    {"key": "gen_ai.evaluation.score.value", "value": {"doubleValue": 0.5}},
+                    {"key": "gen_ai.evaluation.score.label", "value": {"stringValue": "ok"}}]}],
+                [{"name": "exception", "attributes": [
+                    {"key": "exception.type", "value": {"stringValue": "ValueError"}}]}],
+                [{"name": 5}], [{"timeUnixNano": str(2**64 + 1)}], "x", [], None])),
+            ("links", st.sampled_from([[{"traceId": "ab" * 16, "spanId": "cd" * 8}], []])),
+            ("attributes", st.sampled_from([{"a": 1}, "x", [{"key": "k"}], [5], None]))):
+        if draw(st.integers(0, 14)) == 0:
+            span[field] = draw(values)
+    if draw(st.integers(0, 5)) == 0 and span["attributes"].__class__ is list:
+        span["attributes"] = span["attributes"] + span["attributes"][:1]  # a repeated key
+    return span
+
+
+@st.composite
+def _line(draw: Any) -> bytes:
+    resource_attrs = [{"key": k, "value": draw(_any_value())}
+                      for k in draw(st.lists(st.sampled_from(_KEYS), max_size=4, unique=True))]
+    spans = [draw(_span(i)) for i in range(draw(st.integers(1, 4)))]
+    rs: dict[str, Any] = {"resource": {"attributes": resource_attrs},
+                          "scopeSpans": [{"scope": {"name": "s", "version": "1"}, "spans": spans}]}
+    if draw(st.integers(0, 9)) == 0:
+        rs = copy.deepcopy(draw(st.sampled_from([
+            {"resource": {"attributes": "x"}, "scopeSpans": []},
+            {"resource": [], "scopeSpans": [{"spans": spans}]},
+            {"instrumentationLibrarySpans": [{"instrumentationLibrary": {"name": "old"},
+                                              "spans": spans}]},
+            {"scopeSpans": [{"scope": {"name": "s"}, "spans": {"x": 1}}]},
+            {"scopeSpans": "x"}])))
+    return json.dumps({"resourceSpans": [rs]}, allow_nan=True).encode()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.data_too_large])
+@given(lines=st.lists(_line(), min_size=1, max_size=4))
+def test_generated_spans_same_rows(tmp_path_factory: Any, lines: list[bytes]) -> None:
+    path = tmp_path_factory.mktemp("gen") / "otel_verl-gen.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    try:
+        old = _decode([str(path)], legacy=True)
+    except Exception as error:  # noqa: BLE001 - what the old path refuses, the new one must too
+        try:
+            _decode([str(path)], legacy=False)
+        except Exception as fast_error:  # noqa: BLE001
+            assert type(fast_error) is type(error)
+            return
+        raise AssertionError(f"the codec's path raised {error!r}, the fast one did not") from None
+    new = _decode([str(path)], legacy=False)
+    assert new[0] == old[0]
+    assert new[1:] == old[1:]
