@@ -21,7 +21,7 @@ writes to. Reading shows progress on stderr for large stores
 (tqdm when installed); ``--progress``/``--no-progress`` force it on or off.
 
 With the ``lake`` extra (duckdb, pyarrow), ``traces list``, ``sql`` and ``compact`` read through
-the query layer (:mod:`otel_verl.store._query`): Parquet segments plus the raw lines not compacted
+the query layer (:class:`otel_verl.store.Lake`): Parquet segments plus the raw lines not compacted
 yet; a store with more than 32 MiB of closed, not compacted files is compacted first.
 
 Exit status: 0 success, 1 nothing to show (no store, no matching trace), 2 usage error.
@@ -44,19 +44,23 @@ from opentelemetry.semconv.attributes import exception_attributes
 from otel_verl import semconv
 from otel_verl.exporters._file_exporter import ENV_TRACE_DIR, resolve_trace_dir
 from otel_verl.store import (
+    DUCKDB,
+    BadRequest,
+    ContentIndex,
     ReadStats,
     SpanNode,
     Trajectory,
+    filter_clauses,
     filter_trajectories,
     group_trajectories,
+    lake_available,
     list_files,
     read_spans,
     sampling_reports,
     step_statistics,
+    turn_prompts,
 )
-from otel_verl.store._content import ContentIndex, turn_prompts
 from otel_verl.store._data_cli import add_export_parser, add_parity_parser
-from otel_verl.store._filters import DUCKDB, BadRequest, filter_clauses
 
 __all__ = ["main"]
 
@@ -116,8 +120,7 @@ def _load(args: argparse.Namespace, reports: dict[Any, Any] | None = None,
     try:
         files = list_files(directory)
     except FileNotFoundError:
-        print(f"otel-verl: no traces at {directory} (set --dir or ${ENV_TRACE_DIR})",
-              file=sys.stderr)
+        _say_no_traces(directory)
         return None
     total = 0
     for path in files:
@@ -323,18 +326,33 @@ def _tree_json(node: SpanNode) -> dict[str, Any]:
 # --- commands -----------------------------------------------------------------------------------
 
 
+def _say_no_traces(directory: str) -> None:
+    print(f"otel-verl: no traces at {directory} (set --dir or ${ENV_TRACE_DIR})",
+          file=sys.stderr)
+
+
+def _lake_refusal(args: argparse.Namespace, command: str) -> int | None:
+    """Why ``command`` cannot read ``args.dir`` through the lake, said on stderr, as its exit
+    status (2: no lake extra; 1: no store directory); None when it can."""
+    if not lake_available():
+        print(f"otel-verl {command}: needs the lake extra (pip install 'otel-verl[lake]')",
+              file=sys.stderr)
+        return 2
+    if not os.path.isdir(args.dir):
+        _say_no_traces(args.dir)
+        return 1
+    return None
+
+
 def _open_lake(args: argparse.Namespace) -> Any:
     """The store through the query layer, or None (no lake extra, or ``--dir`` is one file).
 
     Compacts closed files first when more than ``PROGRESS_MIN_BYTES`` of them are not compacted
     yet and the store is writable (with progress on stderr)."""
-    if not os.path.isdir(args.dir):
+    if not os.path.isdir(args.dir) or not lake_available():
         return None
-    try:
-        from otel_verl.store._compact import compact, main_progress, pending_bytes
-        from otel_verl.store._query import Lake
-    except ImportError:
-        return None
+    from otel_verl.store import Lake, compact, main_progress, pending_bytes
+
     closed, live = pending_bytes(args.dir)
     wanted = getattr(args, "progress", None)
     if closed >= PROGRESS_MIN_BYTES and os.access(args.dir, os.W_OK):
@@ -435,16 +453,11 @@ def _step_rows(steps: list[tuple[Any, ...]]) -> list[list[str]]:
 
 
 def _cmd_sql(args: argparse.Namespace) -> int:
-    try:
-        import duckdb
-    except ImportError:
-        print("otel-verl sql: needs the lake extra (pip install 'otel-verl[lake]')",
-              file=sys.stderr)
-        return 2
-    if not os.path.isdir(args.dir):
-        print(f"otel-verl: no traces at {args.dir} (set --dir or ${ENV_TRACE_DIR})",
-              file=sys.stderr)
-        return 1
+    refused = _lake_refusal(args, "sql")
+    if refused is not None:
+        return refused
+    import duckdb
+
     lake = _open_lake(args)
     try:
         rows = lake.rows(args.query)
@@ -465,16 +478,11 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    try:
-        from otel_verl.store._compact import compact, main_progress
-    except ImportError:
-        print("otel-verl compact: needs the lake extra (pip install 'otel-verl[lake]')",
-              file=sys.stderr)
-        return 2
-    if not os.path.isdir(args.dir):
-        print(f"otel-verl: no traces at {args.dir} (set --dir or ${ENV_TRACE_DIR})",
-              file=sys.stderr)
-        return 1
+    refused = _lake_refusal(args, "compact")
+    if refused is not None:
+        return refused
+    from otel_verl.store import compact, main_progress
+
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     stats = compact(args.dir, live_bytes=0 if args.live else 64 << 20,
                     progress=main_progress(sys.stderr) if show else None)
@@ -733,7 +741,7 @@ def _replay_exporter(args: argparse.Namespace) -> Any:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from otel_verl._config import ConfigError, resolve_config
-    from otel_verl.exporters._spool import replay
+    from otel_verl.exporters import replay
 
     if not os.path.exists(args.spool_dir):
         print(f"otel-verl: nothing to replay at {args.spool_dir}", file=sys.stderr)
@@ -778,8 +786,7 @@ def _open_index(args: argparse.Namespace, background: bool = False) -> Any:
     from otel_verl.ui._lake import open_source
 
     if not os.path.exists(args.dir):
-        print(f"otel-verl: no traces at {args.dir} (set --dir or ${ENV_TRACE_DIR})",
-              file=sys.stderr)
+        _say_no_traces(args.dir)
         return None
     return open_source(args.dir, args.index, background=background,
                        poll_s=getattr(args, "poll", 1.0),
@@ -830,8 +837,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_live(args: argparse.Namespace) -> int:
-    """``traces live``: the ops in flight now (``otel_verl.store._live``)."""
-    from otel_verl.store._live import live_workers
+    """``traces live``: the ops in flight now (:func:`otel_verl.store.live_workers`)."""
+    from otel_verl.store import live_workers
 
     view = live_workers(args.dir)
     if args.json:

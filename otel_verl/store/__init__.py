@@ -25,16 +25,25 @@ values: str, int, float, bool, bytes, None, list, dict), ``status`` (``{"code": 
 Reading never crashes on a bad line: a last line cut short (a writer that crashed or is still
 writing) and undecodable lines are skipped, counted in :class:`ReadStats` and reported in one
 warning.
+
+The rest of the read side is here too, loaded on first use, so that importing this package
+stays cheap and pulls neither DuckDB nor pyarrow (the ``lake`` extra) until one is used:
+:class:`Lake` (the query layer), :func:`compact` (Parquet compaction), :class:`StoreIndex` (the
+SQLite fallback), :func:`filter_clauses` (the trajectory filters as SQL), :func:`live_board`,
+:func:`export_file`, :class:`ContentIndex` and the span-meaning helpers the viewer shows
+(:func:`is_llm_span`, :func:`first_error`, ...); :func:`lake_available` says whether the extra is
+installed. The whole list is ``_LAZY`` below.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_verl import semconv
 from otel_verl._otlp_json import decode_line, iter_spans, spans_from_otlp_json
@@ -47,6 +56,7 @@ __all__ = [
     "filter_spans",
     "filter_trajectories",
     "group_trajectories",
+    "lake_available",
     "list_files",
     "read_spans",
     "sampling_reports",
@@ -672,3 +682,80 @@ def step_statistics(trajectories: Iterable[Trajectory],
             stats.ran, stats.dropped = report.get("ran", 0), report.get("dropped", 0)
         result.append(stats)
     return result
+
+
+# --- the rest of the read side, loaded on first use ---------------------------------------------
+
+#: public name -> (private module of this package, its name there). Not in ``__all__``: a star
+#: import would load DuckDB (and fail without the ``lake`` extra).
+_LAZY: dict[str, tuple[str, str]] = {
+    **{name: ("_query", name) for name in ("Lake", "LakeState")},
+    **{name: ("_compact", name) for name in ("Manifest", "compact", "main_progress",
+                                             "pending_bytes")},
+    **{name: ("_index", name) for name in ("IndexStats", "StoreIndex", "default_index_path",
+                                           "first_error", "is_llm_span", "is_tool_span",
+                                           "prompt_and_response", "reward_label")},
+    "decode_quietly": ("_index", "_quiet_decode"),
+    "json_or_none": ("_index", "_json_or_none"),
+    **{name: ("_filters", name) for name in ("DUCKDB", "SQLITE", "TRAJECTORY_COLUMNS",
+                                             "BadRequest", "clean_text", "filter_clauses",
+                                             "page_window", "sort_column")},
+    **{name: ("_live", name) for name in ("live_board", "live_workers")},
+    "export_file": ("_export", "export_file"),
+    **{name: ("_content", name) for name in ("ContentIndex", "turn_prompts")},
+}
+
+if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads them)
+    from otel_verl.store._compact import Manifest as Manifest
+    from otel_verl.store._compact import compact as compact
+    from otel_verl.store._compact import main_progress as main_progress
+    from otel_verl.store._compact import pending_bytes as pending_bytes
+    from otel_verl.store._content import ContentIndex as ContentIndex
+    from otel_verl.store._content import turn_prompts as turn_prompts
+    from otel_verl.store._export import export_file as export_file
+    from otel_verl.store._filters import DUCKDB as DUCKDB
+    from otel_verl.store._filters import SQLITE as SQLITE
+    from otel_verl.store._filters import TRAJECTORY_COLUMNS as TRAJECTORY_COLUMNS
+    from otel_verl.store._filters import BadRequest as BadRequest
+    from otel_verl.store._filters import clean_text as clean_text
+    from otel_verl.store._filters import filter_clauses as filter_clauses
+    from otel_verl.store._filters import page_window as page_window
+    from otel_verl.store._filters import sort_column as sort_column
+    from otel_verl.store._index import IndexStats as IndexStats
+    from otel_verl.store._index import StoreIndex as StoreIndex
+    from otel_verl.store._index import _json_or_none as json_or_none  # noqa: F401
+    from otel_verl.store._index import _quiet_decode as decode_quietly  # noqa: F401
+    from otel_verl.store._index import default_index_path as default_index_path
+    from otel_verl.store._index import first_error as first_error
+    from otel_verl.store._index import is_llm_span as is_llm_span
+    from otel_verl.store._index import is_tool_span as is_tool_span
+    from otel_verl.store._index import prompt_and_response as prompt_and_response
+    from otel_verl.store._index import reward_label as reward_label
+    from otel_verl.store._live import live_board as live_board
+    from otel_verl.store._live import live_workers as live_workers
+    from otel_verl.store._query import Lake as Lake
+    from otel_verl.store._query import LakeState as LakeState
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``_LAZY``, from its module (imported now, once; not cached here, so a test that
+    patches the module is seen)."""
+    place = _LAZY.get(name)
+    if place is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = place
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+def lake_available() -> bool:
+    """Whether the ``lake`` extra (DuckDB, pyarrow) is installed: :class:`Lake` and
+    :func:`compact` can be used."""
+    try:
+        importlib.import_module(f"{__name__}._query")
+    except ImportError:
+        return False
+    return True

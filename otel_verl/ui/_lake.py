@@ -1,7 +1,7 @@
 """The viewer's read path over the lakehouse (DuckDB over the Parquet segments and the raw files).
 
 :class:`LakeSource` answers what the views ask (:class:`otel_verl.ui.views.Source`) from the
-query layer :class:`otel_verl.store._query.Lake`: the trajectory rows from its ``trajectories``
+query layer :class:`otel_verl.store.Lake`: the trajectory rows from its ``trajectories``
 table, the step statistics from :meth:`Lake.steps` (the one implementation the CLI and
 ``otel-verl sql`` use too), the flat GRPO groups from :meth:`Lake.flat_groups`. What the lake's
 columns do not hold is taken from where it lives:
@@ -17,12 +17,13 @@ columns do not hold is taken from where it lives:
   (filters, sort and limit inside it) and both read paths find the same rows.
 
 Background (``otel-verl ui``): one thread compacts the store's closed files
-(:func:`otel_verl.store._compact.compact`) and, when the store or the manifest changed, opens a
+(:func:`otel_verl.store.compact`) and, when the store or the manifest changed, opens a
 new :class:`Lake` beside the one serving and swaps it in, so a request never waits for either.
 Files not compacted yet are read directly by the lake, so a live run shows within ``poll_s``.
 
 Without the ``lake`` extra (DuckDB), :func:`open_source` falls back to the SQLite index
-(:class:`otel_verl.store._index.StoreIndex`) and says so once.
+(:class:`otel_verl.store.StoreIndex`) and says so once. The filters, the sort and the page
+follow the one rule both share (:func:`otel_verl.store.filter_clauses`).
 """
 
 from __future__ import annotations
@@ -37,20 +38,20 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from otel_verl.store import list_files
-from otel_verl.store._filters import (
+from otel_verl.store import (
     DUCKDB,
     TRAJECTORY_COLUMNS,
     filter_clauses,
+    lake_available,
+    list_files,
     page_window,
     sort_column,
 )
-from otel_verl.store._filters import clean_text as _clean
-from otel_verl.store._index import _quiet_decode
+from otel_verl.store import clean_text as _clean
+from otel_verl.store import decode_quietly as _quiet_decode
 
 if TYPE_CHECKING:
-    from otel_verl.store._index import StoreIndex
-    from otel_verl.store._query import Lake
+    from otel_verl.store import Lake, StoreIndex
     from otel_verl.ui.views import Source
 
 __all__ = ["LakeSource", "lake_available", "open_source"]
@@ -75,15 +76,6 @@ SELECT experiment, validate, step, flag, count(DISTINCT TraceId || SpanId) AS n 
         map_extract(SpanAttributes, 'rl.flags')[1], '["VARCHAR"]')) AS flag
     FROM spans WHERE is_trajectory AND len(map_extract(SpanAttributes, 'rl.flags')) > 0)
 GROUP BY ALL"""
-
-
-def lake_available() -> bool:
-    """Whether the ``lake`` extra (DuckDB, pyarrow) is installed."""
-    try:
-        import otel_verl.store._query  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _signature(trace_dir: str) -> tuple[Any, ...]:
@@ -133,7 +125,7 @@ class LakeSource:
 
     # -- opening and swapping ------------------------------------------------------------------
     def _open(self) -> _Serving:
-        from otel_verl.store._query import Lake
+        from otel_verl.store import Lake
 
         self._signature = _signature(self._trace_dir)
         lake = Lake.open(self._trace_dir)
@@ -203,7 +195,7 @@ class LakeSource:
         """One round of the background thread: compact closed files, reopen when changed."""
         if self.compact:
             try:
-                from otel_verl.store._compact import compact
+                from otel_verl.store import compact
 
                 stats = compact(self._trace_dir)
                 if stats.spans:
@@ -244,7 +236,7 @@ class LakeSource:
         return self._reopen_if_changed()
 
     def _count_problems(self, lake: Lake) -> dict[str, Any]:
-        from otel_verl.store._compact import Manifest
+        from otel_verl.store import Manifest
 
         manifest = Manifest.load(lake.lake_dir)
         state = lake.state
@@ -312,7 +304,7 @@ class LakeSource:
         page: int = 0, page_size: int = 50, with_search: bool = False,
         max_page_size: int = 5000, flag: str | None = None) -> dict[str, Any]:
         """One page of trajectory rows matching every given filter, and the total count (the
-        SQLite index's :meth:`~otel_verl.store._index.StoreIndex.trajectories`, same answers)."""
+        SQLite index's :meth:`~otel_verl.store.StoreIndex.trajectories`, same answers)."""
         matching = filter_clauses(
             DUCKDB, experiment=experiment, step=step, sample_index=sample_index,
             rollout_n=rollout_n, validate=validate, reward_min=reward_min,
@@ -533,7 +525,7 @@ def open_source(trace_dir: str | os.PathLike[str], index_path: str | os.PathLike
         if background:
             source.start()
         return source
-    from otel_verl.store._index import StoreIndex
+    from otel_verl.store import StoreIndex
 
     if os.path.isdir(trace_dir):
         tell("otel-verl: the lake extra is not installed (pip install 'otel-verl[lake]'); "

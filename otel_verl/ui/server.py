@@ -163,7 +163,7 @@ def api(index: Source, route: str, query: dict[str, str]) -> Any:
         return group_view(index, experiment, _int(query, "step"), _int(query, "sample_index"),
                           _bool(query, "validate"))
     if route == "live":  # the workers' live files (docs/live.md), not the index
-        from otel_verl.store._live import live_board
+        from otel_verl.store import live_board
 
         return live_board(index.trace_dir)
     if route == "prompt":
@@ -286,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body, content_type = found
                 self._send(HTTPStatus.OK, body, content_type, cache="max-age=3600")
         elif path in ("/export.jsonl", "/export.parquet"):  # the table's rows as a dataset
-            from otel_verl.store._export import export_file
+            from otel_verl.store import export_file
 
             try:
                 body, _ = export_file(self.server.index.trace_dir,

@@ -22,18 +22,17 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from otel_verl import semconv
-from otel_verl.store import Trajectory, group_trajectories
-from otel_verl.store._index import (
+from otel_verl.store import (
     BadRequest,
+    Trajectory,
     first_error,
+    group_trajectories,
     is_llm_span,
     is_tool_span,
     prompt_and_response,
     reward_label,
 )
-from otel_verl.store._index import (
-    _json_or_none as _json,
-)
+from otel_verl.store import json_or_none as _json
 
 __all__ = ["BadRequest", "Source", "group_view", "overview_view", "prompt_view",
            "trajectory_view"]
@@ -55,7 +54,7 @@ class Source(Protocol):
 
     Two implementations: the lakehouse (:class:`otel_verl.ui._lake.LakeSource`, DuckDB over
     the Parquet segments and the files not compacted yet; the default when the ``lake`` extra is
-    installed) and the SQLite index (:class:`otel_verl.store._index.StoreIndex`, the fallback).
+    installed) and the SQLite index (:class:`otel_verl.store.StoreIndex`, the fallback).
     Both answer with the same rows (``TRAJECTORY_COLUMNS``) and the same step dicts.
     """
 

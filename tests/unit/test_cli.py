@@ -425,3 +425,40 @@ def test_every_store_command_takes_dir_and_trace_dir(store, capsys, monkeypatch,
                     "--allow-host", "b.lan")
     assert rc == 0 and served["trace_dir"] == str(directory)
     assert served["allowed_hosts"] == ["a.lan", "b.lan"]
+
+
+# --- the lake commands' refusals ----------------------------------------------------------------
+
+_WITHOUT = ("import sys\nfor name in {blocked!r}: sys.modules[name] = None  # not installed\n"
+            "from otel_verl.cli import main\nsys.exit(main({argv!r}))")
+
+
+@pytest.mark.parametrize("blocked", [("duckdb",), ("pyarrow",)])
+def test_sql_and_compact_without_the_lake_extra_say_so(store, tmp_path, blocked):
+    """Without DuckDB, or with DuckDB but without pyarrow (the sql command used to crash there:
+    it checked for DuckDB alone), both commands say what to install and exit 2; a missing store
+    is 1, as before."""
+    directory, _ = store
+    for argv, rc, said in (
+            (["sql", "SELECT 1", "--dir", str(directory)], 2, "otel-verl sql: needs the lake extra"),
+            (["compact", "--dir", str(directory)], 2, "otel-verl compact: needs the lake extra")):
+        result = subprocess.run([sys.executable, "-c", _WITHOUT.format(blocked=blocked, argv=argv)],
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert (result.returncode, result.stdout) == (rc, ""), result.stderr
+        assert said in result.stderr and "Traceback" not in result.stderr
+    for command in ("sql", "compact"):
+        argv = [command, *(["SELECT 1"] if command == "sql" else []), "--dir",
+                str(tmp_path / "nothing")]
+        assert _run_quiet(argv) == (1, f"otel-verl: no traces at {tmp_path / 'nothing'}")
+
+
+def _run_quiet(argv):
+    result = subprocess.run([sys.executable, "-m", "otel_verl.cli", *argv], capture_output=True,
+                            text=True, timeout=120, check=False)
+    return result.returncode, result.stderr.split(" (set --dir")[0].strip()
+
+
+def test_list_through_the_lake_refuses_a_step_beyond_64_bits(store, capsys):
+    directory, _ = store
+    rc, out, err = _run(capsys, "traces", "list", "--dir", str(directory), "--step", str(2**70))
+    assert (rc, out) == (2, "") and "step 1180591620717411303424 is out of range" in err
