@@ -26,8 +26,8 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import _errors, semconv
+from otel_verl._current import TRAJECTORY
 from otel_verl._env import OTEL_LOGS_EXPORTER
-from otel_verl._state import TRAJECTORY
 
 __all__ = ["emit_evaluation", "evaluation_attributes", "record_components",
            "record_reward_component", "set_logger_provider"]

@@ -50,9 +50,9 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_verl import _errors, semconv
+from otel_verl._current import TRAJECTORY
 from otel_verl._fork import LiveInstances
 from otel_verl._hotpath import attribute_map
-from otel_verl._state import TRAJECTORY
 
 #: seconds between two snapshots (the heartbeat); a reader calls a worker lost after
 #: ``LOST_AFTER_INTERVALS`` of them without one

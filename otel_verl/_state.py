@@ -4,62 +4,37 @@ Everything the API needs at call time hangs off ``STATE`` (one object, not modul
 configuration of the installed ``RolloutTraceConfig``, the ``Runtime`` built from it while tracing
 is on (provider, tracer, processor chain, exporter, sampler), and the process hooks (shut down at
 exit, queued spans handed to the exporters on SIGTERM; a fork waits for nothing). The current
-trajectory lives in a ContextVar (``TRAJECTORY``) so it follows asyncio tasks;
-``TrajectoryAttributesProcessor`` reads it through ``current_trajectory_attrs``.
+trajectory lives in a ContextVar (``TRAJECTORY``, in ``otel_verl._current`` and re-exported here)
+so it follows asyncio tasks; ``TrajectoryAttributesProcessor`` reads it through
+``current_trajectory_attrs``.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextvars
 import dataclasses
 import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import Span
 
-from otel_verl import _content, _errors, exporters
+from otel_verl import _content, _errors
 from otel_verl._config import TraceConfig
+from otel_verl._current import TRAJECTORY, Trajectory, current_trajectory_attrs
 from otel_verl._payload import Payload, to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler
+from otel_verl.exporters._delivery import LOSS_KEYS
 from otel_verl.exporters._processor import hand_queues_to_exporters
 from otel_verl.exporters._spans import shutdown_within
 
 _log = logging.getLogger("otel_verl")
 
-#: the counters that mean "a span was not delivered" (see ``report_losses``)
-LOSS_KEYS = exporters.LOSS_KEYS
-
-
-@dataclasses.dataclass(frozen=True)
-class Trajectory:
-    """The current trajectory, held in a ContextVar (so it follows asyncio tasks)."""
-
-    attrs: Mapping[str, Any]
-    span: Span | None
-    enabled: bool
-    #: recorded only until the tail decision (``trace=False`` with ``tail_keep`` set)
-    provisional: bool = False
-    #: per-turn content chains by input field (``otel_verl._content``; mutable, per trajectory)
-    content: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-
-
-TRAJECTORY: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(
-    "otel_verl_trajectory", default=None)
-
-
-def current_trajectory_attrs() -> tuple[Mapping[str, Any], int | None] | None:
-    """(attributes, trajectory span id) of the current recorded trajectory, else None."""
-    traj = TRAJECTORY.get()
-    if traj is None or not traj.enabled:
-        return None
-    return traj.attrs, (traj.span.get_span_context().span_id if traj.span is not None else None)
+__all__ = ["LOSS_KEYS", "STATE", "TRAJECTORY", "ProcessState", "Runtime", "Trajectory",
+           "current_trajectory_attrs"]
 
 
 class Runtime:

@@ -82,16 +82,12 @@ key                        meaning
 
 from __future__ import annotations
 
+from otel_verl.exporters._delivery import LOSS_KEYS
 from otel_verl.exporters._durable import DurableSpanExporter
 from otel_verl.exporters._file_exporter import FileSpanExporter
 from otel_verl.exporters._processor import BoundedBatchProcessor
 from otel_verl.exporters._records import TRUNCATED_ATTRIBUTE
 from otel_verl.exporters._replay import replay
-
-#: the statistics keys that count spans which were not delivered (see the table above)
-LOSS_KEYS = ("dropped_queue_full", "dropped_after_shutdown", "dropped_transform_failed",
-             "export_failed", "abandoned_at_shutdown", "spool_failed", "dropped_spool_full",
-             "quarantined")
 
 
 def install_sigterm_handoff() -> None:

@@ -29,7 +29,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import _errors
 
-__all__ = ["DetailedExporter", "Delivery", "DeliveryLike", "deliver"]
+__all__ = ["LOSS_KEYS", "DetailedExporter", "Delivery", "DeliveryLike", "deliver"]
+
+#: the statistics keys that count spans which were not delivered (the table in
+#: ``otel_verl/exporters/__init__.py``; re-exported there and by ``otel_verl._state``)
+LOSS_KEYS = ("dropped_queue_full", "dropped_after_shutdown", "dropped_transform_failed",
+             "export_failed", "abandoned_at_shutdown", "spool_failed", "dropped_spool_full",
+             "quarantined")
 
 
 @dataclass(frozen=True)
