@@ -5,7 +5,10 @@ For each size (``--sizes``, trajectories; 12 spans each, bench_ui's generator), 
   OTLP/JSON files), and DuckDB answering the overview question straight from the raw OTLP/JSON
   (``read_json`` + unnest: the floor without compaction);
 - compaction + index: ``compact`` (segments, payload segments, the trajectories cache) and
-  ``Lake.open``; as a ratio to the orjson parse;
+  ``Lake.open``; as a ratio to the orjson parse. One thread decodes (the fsyncs of the
+  segment files wait on the disk in a few threads beside it). With ``--before`` (the default),
+  also compaction with the codec's decoder (``iter_spans`` -> ``SpanRecord`` ->
+  ``Columns.add``, what compaction did before ``store/_fastrows``), in the same run;
 - overview (``Lake.steps``, warm) and its cost including ``Lake.open`` (a fresh process);
 - trajectory page: ``Lake.trajectory`` of random traces (median of 30, warm);
 - ``otel-verl traces list --step N`` through the CLI (in process, the store compacted), median
@@ -13,7 +16,7 @@ For each size (``--sizes``, trajectories; 12 spans each, bench_ui's generator), 
 - sizes: span segments + trajectories cache against the store, payload segments apart.
 Per-trajectory slopes between the sizes extrapolate to 100k and 1M trajectories.
 
-Run: python bench/bench_lake.py [--sizes 10000,30000] [--keep DIR]
+Run: python bench/bench_lake.py [--sizes 10000,30000] [--keep DIR] [--no-before]
 """
 
 from __future__ import annotations
@@ -123,12 +126,32 @@ def _today(store: str) -> dict[str, float]:
             "sqlite_mb": index_bytes / 1e6, "old_list_s": listing}
 
 
-def measure(store: str, trajectories: int, today: bool) -> dict[str, float]:
+@contextlib.contextmanager
+def _codec_decoder() -> Any:
+    """Compaction through the codec's typed records (the decoder before store/_fastrows)."""
+    from otel_verl.store import _compact
+
+    fast = _compact._add_line
+    _compact._add_line = _compact._add_line_legacy
+    try:
+        yield
+    finally:
+        _compact._add_line = fast
+
+
+def measure(store: str, trajectories: int, today: bool, before: bool = True
+            ) -> dict[str, float]:
     spans = generate_store(store, trajectories)
     store_bytes = _size(store)
     old = _today(store) if today else {}
     parse = _orjson_parse(store)
     raw_duck = _duckdb_raw(store)
+    extra: dict[str, float] = {}
+    if before:
+        with _codec_decoder():
+            extra["compact_codec_s"] = _timed(lambda: compact(store, live_bytes=0))[0]
+        shutil.rmtree(lake_dir(store))
+        parse = min(parse, _orjson_parse(store))
     compaction, stats = _timed(lambda: compact(store, live_bytes=0))
     assert stats.spans == spans, (stats.spans, spans)
     parse = min(parse, _orjson_parse(store))  # the same page cache state as compaction's read
@@ -157,7 +180,7 @@ def measure(store: str, trajectories: int, today: bool) -> dict[str, float]:
             "open_s": opened, "overview_ms": overview * 1e3,
             "overview_cold_ms": cold_overview * 1e3, "page_ms": page * 1e3, "page_first_ms": page_first * 1e3,
             "list_s": listing, "segments_mb": segments / 1e6, "payload_mb": payload / 1e6,
-            **old}
+            **extra, **old}
 
 
 def _extrapolate(rows: list[dict[str, float]], key: str, n: int) -> float:
@@ -172,6 +195,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,30000")
     parser.add_argument("--keep", help="keep the stores under this directory")
+    parser.add_argument("--no-before", dest="before", action="store_false",
+                        help="skip compaction with the codec's decoder (the figure before)")
     args = parser.parse_args()
     base = args.keep or tempfile.mkdtemp(prefix="bench_lake_")
     rows = []
@@ -179,7 +204,7 @@ def main() -> None:
         for n in (int(s) for s in args.sizes.split(",")):
             store = os.path.join(base, f"store-{n}")
             shutil.rmtree(store, ignore_errors=True)
-            rows.append(measure(store, n, today=not rows))
+            rows.append(measure(store, n, today=not rows, before=args.before))
             r = rows[-1]
             print(f"{n} trajectories ({r['spans']} spans, {r['store_mb']:.0f} MB): "
                   + ", ".join(f"{k} {v:.4g}" for k, v in r.items()
@@ -200,6 +225,10 @@ def main() -> None:
         print(f"| compaction + index vs orjson parsing the same lines, {r['trajectories']:,} "
               f"traj. | {r['compact_s'] + r['open_s']:.2f} s vs {r['parse_s']:.2f} s = "
               f"{(r['compact_s'] + r['open_s']) / r['parse_s']:.1f}x | <= 2x |")
+        if "compact_codec_s" in r:
+            print(f"| the same, compaction through the codec's decoder (before), "
+                  f"{r['trajectories']:,} traj. | {r['compact_codec_s'] + r['open_s']:.2f} s = "
+                  f"{(r['compact_codec_s'] + r['open_s']) / r['parse_s']:.1f}x | |")
     for r in rows:
         print(f"| overview incl. Lake.open (a fresh reader), {r['trajectories']:,} traj. | "
               f"{r['overview_cold_ms']:.0f} ms (warm {r['overview_ms']:.1f} ms) | |")

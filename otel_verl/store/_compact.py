@@ -47,6 +47,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from otel_verl._otlp_json import iter_spans
@@ -478,6 +479,9 @@ def _write_chunk(lake: str, columns: Columns, name: str,
     trace_part = trace_part if trace_part is not None else {}
     tmp_dir = os.path.join(lake, "tmp")
     moves: list[tuple[str, str]] = []
+    # the fsyncs wait on the disk, not the CPU: they run beside the next file's encoding (all
+    # of them finish before any rename, so the crash-safety order is the same)
+    syncs = _Syncs()
     spans = columns.table()
     for trace, exp, step in zip(columns.cols["TraceId"], columns.cols["experiment"],
                                 columns.cols["step"], strict=True):
@@ -488,13 +492,22 @@ def _write_chunk(lake: str, columns: Columns, name: str,
         if table.num_rows == 0:
             continue
         traces = table.column("TraceId").to_pylist()
-        parts = [_part_dir(*((exp, step) if step is not None or exp is not None
-                             else trace_part.get(trace, (None, None))))
-                 for trace, exp, step in zip(traces, table.column("experiment").to_pylist(),
-                                             table.column("step").to_pylist(), strict=True)]
-        order = sorted(range(len(parts)), key=lambda i: (parts[i], traces[i]))
-        table = table.take(pa.array(order, pa.int64()))
-        parts = [parts[i] for i in order]
+        names: dict[tuple[Any, Any], str] = {}
+        parts = []
+        for trace, exp, step in zip(traces, table.column("experiment").to_pylist(),
+                                    table.column("step").to_pylist(), strict=True):
+            key = (exp, step) if step is not None or exp is not None \
+                else trace_part.get(trace, (None, None))
+            part = names.get(key)
+            if part is None:
+                part = names[key] = _part_dir(*key)
+            parts.append(part)
+        # by partition, then trace (a stable sort, as sorted() on (part, trace) was)
+        order = pc.sort_indices(pa.table({"part": pa.array(parts, pa.string()),
+                                          "trace": table.column("TraceId")}),
+                                sort_keys=[("part", "ascending"), ("trace", "ascending")])
+        table = table.take(order)
+        parts = [parts[i] for i in order.to_pylist()]
         begin = 0
         for end in range(1, len(parts) + 1):
             if end < len(parts) and parts[end] == parts[begin]:
@@ -504,17 +517,50 @@ def _write_chunk(lake: str, columns: Columns, name: str,
             pq.write_table(table.slice(begin, end - begin), tmp,
                            compression="lz4" if kind == "spans" else "zstd",
                            row_group_size=ROW_GROUP, write_statistics=True)
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
+            syncs.submit(_sync_file, tmp)
             moves.append((tmp, os.path.join(lake, rel)))
             keep.append(rel)
             begin = end
+    syncs.wait()
     for tmp, final in moves:
         os.makedirs(os.path.dirname(final), exist_ok=True)
         os.replace(tmp, final)
     for directory in {os.path.dirname(final) for _, final in moves}:
-        _sync_dir(directory)
+        syncs.submit(_sync_dir, directory)
+    syncs.wait()
     return out
+
+
+def _sync_file(path: str) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+class _Syncs:
+    """fsync calls run by a few threads; :meth:`wait` returns when all are done (and raises the
+    first error)."""
+
+    def __init__(self, threads: int = 8) -> None:
+        self._threads = threads
+        self._pool: Any = None
+        self._pending: list[Any] = []
+
+    def submit(self, fn: Callable[[str], None], path: str) -> None:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="otel_verl-fsync")
+        self._pending.append(self._pool.submit(fn, path))
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, []
+        try:
+            for future in pending:
+                future.result()
+        finally:
+            if self._pool is not None and not self._pending:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
 
 def _known_partitions(lake: str, runs: int) -> dict[str, tuple[Any, Any]]:

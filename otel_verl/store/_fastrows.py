@@ -49,11 +49,11 @@ class _Slow(Exception):
     """This span takes the codec's path."""
 
 
-def _resource_map(resource: dict[str, Any]) -> tuple[list[str], list[str], str]:
-    """A resource's map (keys, values) and its service name, as :meth:`Columns.add` writes
-    them for each of its spans."""
+def _resource_map(resource: dict[str, Any]) -> tuple[tuple[list[str], list[str]], str]:
+    """A resource's map (keys, values; shared by its spans' rows, see
+    :attr:`Columns.resources`) and its service name, as :meth:`Columns.add` writes them."""
     values = [v if v.__class__ is str else S.as_string(v) for v in resource.values()]
-    return list(resource), values, S._text(resource.get(S._SERVICE)) or ""
+    return (list(resource), values), S._text(resource.get(S._SERVICE)) or ""
 
 
 def add_resource_spans(columns: S.Columns, resource_spans: list[Any], source: str, offset: int,
@@ -70,7 +70,7 @@ def add_resource_spans(columns: S.Columns, resource_spans: list[Any], source: st
         except DecodeError as error:
             on_bad(f"bad resourceSpans entry: {error!r}"[:300])
             continue
-        resource_map: tuple[list[str], list[str], str] | None = None
+        resource_map: tuple[tuple[list[str], list[str]], str] | None = None
         for ss in scope_spans:
             try:
                 raw_scope = ss.get("scope") or ss.get("instrumentationLibrary") or {}
@@ -84,10 +84,9 @@ def add_resource_spans(columns: S.Columns, resource_spans: list[Any], source: st
             for raw in spans:
                 if resource_map is None:  # once, where Columns.add would compute it first
                     resource_map = _resource_map(resource)
-                r_keys, r_values, service = resource_map
+                r_map, service = resource_map
                 try:
-                    _fast_row(columns, raw, resource, r_keys, r_values, service, scope, source,
-                              offset)
+                    _fast_row(columns, raw, resource, r_map, service, scope, source, offset)
                     continue
                 except Exception:  # noqa: BLE001, S112 - anything unusual: the codec decides
                     pass
@@ -99,9 +98,9 @@ def add_resource_spans(columns: S.Columns, resource_spans: list[Any], source: st
                 columns.add(span, source, offset)  # type: ignore[arg-type]
 
 
-def _fast_row(columns: S.Columns, raw: Any, r: dict[str, Any], r_keys: list[str],
-              r_values: list[str], service: str, scope: dict[str, Any], source: str,
-              offset: int) -> None:
+def _fast_row(columns: S.Columns, raw: Any, r: dict[str, Any],
+              r_map: tuple[list[str], list[str]], service: str, scope: dict[str, Any],
+              source: str, offset: int) -> None:
     """One span's row, or :class:`_Slow` (or any error) before anything is appended."""
     if raw.get("links"):
         raise _Slow
@@ -302,15 +301,11 @@ def _fast_row(columns: S.Columns, raw: Any, r: dict[str, Any], r_keys: list[str]
         counts, source, offset, *texts,
     )
     # nothing appended before this point: a failure above leaves the columns as they were
-    maps = columns.maps
-    s_off, s_keys, s_values = maps["SpanAttributes"]
+    s_off, s_keys, s_values = columns.maps["SpanAttributes"]
     s_keys.extend(keys)
     s_values.extend(values)
     s_off.append(len(s_keys))
-    r_off, rk, rv = maps["ResourceAttributes"]
-    rk.extend(r_keys)
-    rv.extend(r_values)
-    r_off.append(len(rk))
+    columns.resources.append(r_map)
     columns.rows.append(row)
     if payload:
         p = columns.payload

@@ -205,9 +205,12 @@ class Columns:
 
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
-        # the two big maps, flat: offsets, keys, values
+        # the span attributes, flat: offsets, keys, values
         self.maps: dict[str, tuple[list[int], list[str], list[str]]] = {
-            name: ([0], [], []) for name in _FLAT_MAPS}
+            "SpanAttributes": ([0], [], [])}
+        # each row's resource map as (keys, values); the spans of one resource share one pair,
+        # turned into Arrow once (table() takes it for each of its rows)
+        self.resources: list[tuple[list[str], list[str]]] = []
         self.payload: dict[str, list[Any]] = {name: [] for name in PAYLOAD_SCHEMA.names}
         self._column_cache: dict[str, list[Any]] | None = None
 
@@ -248,11 +251,8 @@ class Columns:
                 elif (n := _int(value)) is not None:
                     counts.append((key[_RP:], n))
         s_off.append(len(s_keys))
-        r_off, r_keys, r_values = self.maps["ResourceAttributes"]
-        for key, value in r.items():
-            r_keys.append(key)
-            r_values.append(value if value.__class__ is str else as_string(value))
-        r_off.append(len(r_keys))
+        self.resources.append((list(r), [value if value.__class__ is str else as_string(value)
+                                         for value in r.values()]))
         get = a.get
         start, end = _ns(span["start_ns"]), _ns(span["end_ns"])
         experiment = get(_EXPERIMENT)
@@ -325,14 +325,32 @@ class Columns:
         columns = self.cols
         arrays = []
         for name, column_type in zip(SPAN_SCHEMA.names, SPAN_SCHEMA.types, strict=True):
-            if name in self.maps:
+            if name == "SpanAttributes":
                 offsets, keys, values = self.maps[name]
                 arrays.append(pa.MapArray.from_arrays(
                     pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
                     pa.array(values, pa.string())))
+            elif name == "ResourceAttributes":
+                arrays.append(self._resource_array())
             else:
                 arrays.append(pa.array(columns[name], column_type))
         return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+
+    def _resource_array(self) -> pa.Array:
+        index: dict[int, int] = {}
+        rows: list[int] = []
+        offsets, keys, values = [0], [], []
+        for pair in self.resources:
+            i = index.get(id(pair))
+            if i is None:
+                i = index[id(pair)] = len(index)
+                keys.extend(pair[0])
+                values.extend(pair[1])
+                offsets.append(len(keys))
+            rows.append(i)
+        unique = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
+                                         pa.array(values, pa.string()))
+        return unique.take(pa.array(rows, pa.int32())) if len(index) != len(rows) else unique
 
     def payload_table(self) -> pa.Table:
         return pa.Table.from_pydict(self.payload, schema=PAYLOAD_SCHEMA)
