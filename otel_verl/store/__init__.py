@@ -701,6 +701,7 @@ _LAZY: dict[str, tuple[str, str]] = {
                                              "BadRequest", "clean_text", "filter_clauses",
                                              "page_window", "sort_column")},
     **{name: ("_live", name) for name in ("live_board", "live_workers")},
+    **{name: ("_lines", name) for name in ("LineCache", "line_at")},
     "export_file": ("_export", "export_file"),
     **{name: ("_content", name) for name in ("ContentIndex", "turn_prompts")},
 }
@@ -731,6 +732,8 @@ if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads th
     from otel_verl.store._index import is_tool_span as is_tool_span
     from otel_verl.store._index import prompt_and_response as prompt_and_response
     from otel_verl.store._index import reward_label as reward_label
+    from otel_verl.store._lines import LineCache as LineCache
+    from otel_verl.store._lines import line_at as line_at
     from otel_verl.store._live import live_board as live_board
     from otel_verl.store._live import live_workers as live_workers
     from otel_verl.store._query import Lake as Lake

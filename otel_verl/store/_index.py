@@ -61,6 +61,7 @@ from otel_verl.store._filters import (
     sort_column,
 )
 from otel_verl.store._filters import clean_text as _clean
+from otel_verl.store._lines import LineCache, line_at
 
 __all__ = ["TRAJECTORY_COLUMNS", "BadRequest", "IndexStats", "StoreIndex", "default_index_path"]
 
@@ -592,8 +593,7 @@ class StoreIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._write_lock = threading.RLock()
-        self._cache_lock = threading.Lock()
-        self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self._lines = LineCache(_LINE_CACHE)
         self._pending_notes: dict[str, str] = {}
         self._orphans: set[str] = set()
         #: bumped whenever the index file is replaced (each thread then reconnects)
@@ -678,8 +678,7 @@ class StoreIndex:
                 os.unlink(f"{self.path}{suffix}")
             except FileNotFoundError:
                 pass
-        with self._cache_lock:
-            self._lines.clear()
+        self._lines.clear()
 
     def _heal(self, error: BaseException, epoch: int) -> None:
         """Rebuild a damaged index (once per damage: a thread that failed on a file another
@@ -695,8 +694,7 @@ class StoreIndex:
         for table in ("files", "spans", "trace_lines", "trajectories", "reports", "meta"):
             conn.execute(f"DELETE FROM {table}")
         conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-        with self._cache_lock:
-            self._lines.clear()
+        self._lines.clear()
 
     # -- building ----------------------------------------------------------------------------
     @_healed
@@ -1129,29 +1127,17 @@ class StoreIndex:
     def _line(self, path: str, offset: int) -> list[dict[str, Any]]:
         """The decoded spans of one stored line; the last few are kept (the rollouts of a group
         share their lines). Lines never change once complete: the store only appends."""
-        key = (path, offset)
-        with self._cache_lock:
-            cached = self._lines.pop(key, None)
-            if cached is not None:
-                self._lines[key] = cached  # most recent last
-                return cached
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(max(0, offset - 1))
-                before = handle.read(1) if offset > 0 else b"\n"
-                raw = handle.readline()
-        except OSError:
-            return []
-        if before != b"\n":  # not the start of a line: the index's offsets are wrong
+        cached = self._lines.get(path, offset)
+        if cached is not None:
+            return cached
+        raw = line_at(path, offset)
+        if raw is None:  # unreadable, or not the start of a line: the index's offsets are wrong
             return []
         try:
             decoded, _, _ = _decode_line(raw)
         except Exception:  # noqa: BLE001 - the indexer read it; a page must not fail on it
             decoded = []
-        with self._cache_lock:
-            self._lines[key] = decoded
-            while len(self._lines) > _LINE_CACHE:
-                self._lines.pop(next(iter(self._lines)))
+        self._lines.put(path, offset, decoded)
         return decoded
 
 

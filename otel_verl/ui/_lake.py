@@ -41,8 +41,10 @@ import orjson
 from otel_verl.store import (
     DUCKDB,
     TRAJECTORY_COLUMNS,
+    LineCache,
     filter_clauses,
     lake_available,
+    line_at,
     list_files,
     page_window,
     sort_column,
@@ -112,8 +114,7 @@ class LakeSource:
         self.poll_s = poll_s
         self._generation = 0
         self._swap_lock = threading.Lock()
-        self._cache_lock = threading.Lock()
-        self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self._lines = LineCache(_LINE_CACHE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._retired: list[Lake] = []
@@ -160,8 +161,7 @@ class LakeSource:
             problems = self._count_problems(fresh.lake)
             old = self._lake
             self._serving, self._problems = fresh, problems
-            with self._cache_lock:
-                self._lines.clear()
+            self._lines.clear()
             # close the lake before the previous one: a request that took it just before the
             # swap has finished by now (requests take milliseconds)
             for retired in self._retired:
@@ -373,30 +373,18 @@ class LakeSource:
 
     def _line(self, path: str, offset: int) -> list[dict[str, Any]] | None:
         """The decoded spans of one stored line (None: not there any more)."""
-        key = (path, offset)
-        with self._cache_lock:
-            cached = self._lines.pop(key, None)
-            if cached is not None:
-                self._lines[key] = cached
-                return cached
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(max(0, offset - 1))
-                before = handle.read(1) if offset > 0 else b"\n"
-                raw = handle.readline()
-        except OSError:
-            return None
-        if before != b"\n" or not raw.endswith(b"\n"):
+        cached = self._lines.get(path, offset)
+        if cached is not None:
+            return cached
+        raw = line_at(path, offset)
+        if raw is None or not raw.endswith(b"\n"):
             return None
         try:
             request = orjson.loads(raw)
             decoded = _quiet_decode(request) if isinstance(request, dict) else []
         except Exception:  # noqa: BLE001 - the lake read it; a page must not fail on it
             decoded = []
-        with self._cache_lock:
-            self._lines[key] = decoded
-            while len(self._lines) > _LINE_CACHE:
-                self._lines.pop(next(iter(self._lines)))
+        self._lines.put(path, offset, decoded)
         return decoded
 
     def close(self) -> None:
