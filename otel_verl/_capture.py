@@ -185,8 +185,9 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any]
     traj = TRAJECTORY.get()
     holder: dict[str, Any] = traj.content if traj is not None else {}
     chain = _content.chains_of(holder, field, kind)
-    # a whole long prompt is hashed off the loop (its id goes on the span at its end)
-    step = chain.begin(value, defer_over=options.inline_bytes // 2)
+    # a whole long prompt is hashed off the loop (its id goes on the span at its end, found
+    # through the trajectory: outside one, it is hashed here)
+    step = chain.begin(value, defer_over=options.inline_bytes // 2 if traj is not None else 0)
     if step is None:
         return None
     if step.pending:

@@ -133,3 +133,15 @@ def test_a_pending_prompt_resolves_where_needed_and_a_bad_one_is_not_recorded() 
     fresh = bad.begin(list(range(LONG)) + [3], defer_over=0)
     assert fresh is not None and fresh.base_id is None
     assert fresh.id == _content.token_content_id(list(range(LONG)) + [3])
+
+
+def test_a_long_prompt_outside_a_trajectory_still_carries_its_id() -> None:
+    """No trajectory to settle it at the call's end: hashed at once, as before."""
+    prompt = list(range(LONG))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with capture_spans(trace_dir=trace_dir) as exporter:
+            asyncio.run(generate("r", prompt_ids=prompt, sampling_params={"answer": [1]}))
+            RolloutTraceConfig.flush(10.0)
+            (span,) = [s for s in exporter.get_finished_spans() if s.name.endswith("generate")]
+    assert span.attributes[semconv.CONTENT_ID] == _content.token_content_id(list(range(LONG)))
+    assert span.attributes[semconv.CONTENT_STORED] == "stored"
