@@ -98,6 +98,9 @@ def compact(span: ReadableSpan) -> ReadableSpan:
         return span
     try:
         bounded = span._attributes
+        if (bounded is None or type(bounded) is dict) and type(span._events) is tuple \
+                and type(span._links) is tuple:
+            return span  # compact already (the tail buffer's copy): a copy would be the same
         if type(bounded) is BoundedAttributes:
             attributes: Any = bounded._dict
         elif bounded is None or type(bounded) is dict:

@@ -84,3 +84,18 @@ def test_a_kept_trajectory_exports_its_buffered_spans_unchanged():
     assert root.attributes[semconv.ROLLOUT_SAMPLING_REASON] == semconv.SamplingReason.ERROR
     assert root.attributes[semconv.ROLLOUT_SAMPLING_WEIGHT] == 1.0
     provider.shutdown()
+
+
+def test_a_compact_span_is_not_copied_again():
+    """The tail buffer compacts a span; the batch processor's ``compact`` then keeps it as is."""
+    from otel_verl._hotpath import compact
+
+    provider, _ = _setup()
+    seen = []
+    provider.add_span_processor(SimpleSpanProcessor(type("Sink", (InMemorySpanExporter,), {
+        "export": lambda self, spans: seen.extend(spans) or 0})()))
+    provider.get_tracer("t").start_span("s", attributes={"a": 1}).end()
+    small = compact(seen[0])
+    assert small is not seen[0] and compact(small) is small
+    assert dict(small.attributes) == {"a": 1} and small.events == () and small.links == ()
+    provider.shutdown()
