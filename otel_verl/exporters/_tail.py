@@ -32,7 +32,9 @@ per step, a small root span ``otel_verl.sampling_report`` with how many trajecto
 dropped; reports are increments (a step can get several, e.g. one per flush): sum them.
 
 Cost: spans of an undecided trajectory are held in a buffer bounded in (estimated) bytes,
-``tail_buffer_bytes``. When it is full, the oldest undecided trajectory is exported early rather
+``tail_buffer_bytes``, each as a compact copy (``otel_verl._hotpath.compact``: about 3 objects
+the cyclic GC tracks rather than the SDK's 11, so waiting spans bring the next young collection
+little closer). When it is full, the oldest undecided trajectory is exported early rather
 than dropped (reason ``overflow``, weight 0: not part of the sample; counted). A trajectory that is
 neither head- nor tail-kept costs its capture and is then discarded. ``tail_max_per_step_per_worker``
 caps what the tail rules add per step (the rest counted as ``over_budget``).
