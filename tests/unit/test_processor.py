@@ -229,12 +229,17 @@ def test_a_batch_fills_before_it_is_sent():
     calls = []
     real = memory.export
     memory.export = lambda spans: calls.append(len(spans)) or real(spans)
-    tracer, processor = make(memory, max_export_batch_size=100, schedule_delay_s=0.5)
+    # a schedule delay far longer than the test: only full batches leave before shutdown (with
+    # 0.5 s, a loaded machine took longer than that for the 250 spans, and the delay sent 83)
+    tracer, processor = make(memory, max_export_batch_size=100, schedule_delay_s=60)
     for i in range(250):
         tracer.start_span(f"s{i}").end()
-    time.sleep(0.8)
-    assert calls[:2] == [100, 100]
+    deadline = time.monotonic() + 20
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert calls == [100, 100]  # the last 50 wait for the delay
     processor.shutdown()
+    assert calls == [100, 100, 50]
 
 
 def _child_span_ids(conn):
