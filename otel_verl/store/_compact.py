@@ -201,7 +201,7 @@ def _decode_range(path: str, start: int, stop: int | None, columns: Columns, sou
         offset = start + pos
         pos = nl + 1
         counts["lines"] = counts.get("lines", 0) + 1
-        if not raw.strip():
+        if not raw or raw.isspace():  # (not raw.strip(): a copy of every line)
             continue
         added = len(columns)
         add_line(raw, bad, columns, source, offset)
