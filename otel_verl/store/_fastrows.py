@@ -82,20 +82,6 @@ def add_resource_spans(columns: S.Columns, resource_spans: list[Any], source: st
             columns.add(span, source, offset)  # type: ignore[arg-type]
 
 
-def _nanos(raw: Any, camel: str, snake: str) -> int | None:
-    """A span's time in ns: the canonical decimal string, else (absent) the codec's decoding of
-    the snake_case spelling; anything else is :class:`_Slow`."""
-    value = raw.get(camel)
-    if value.__class__ is str:
-        value = int(value)
-        if not 0 <= value <= _UINT64_MAX:
-            raise _Slow
-        return value
-    if value is None:
-        return _dec_nanos(raw.get(snake))
-    raise _Slow
-
-
 def _fast_row(columns: S.Columns, raw: Any, r: dict[str, Any],
               r_map: tuple[list[str], list[str]], service: str, scope: dict[str, Any],
               source: str, offset: int) -> None:
@@ -122,8 +108,24 @@ def _fast_row(columns: S.Columns, raw: Any, r: dict[str, Any],
     name = raw.get("name", "")
     if name.__class__ is not str:
         raise _Slow
-    start = _nanos(raw, "startTimeUnixNano", "start_time_unix_nano")
-    end = _nanos(raw, "endTimeUnixNano", "end_time_unix_nano")
+    start = raw.get("startTimeUnixNano")
+    if start.__class__ is str:
+        start = int(start)
+        if not 0 <= start <= _UINT64_MAX:
+            raise _Slow
+    elif start is None:
+        start = _dec_nanos(raw.get("start_time_unix_nano"))
+    else:
+        raise _Slow
+    end = raw.get("endTimeUnixNano")
+    if end.__class__ is str:
+        end = int(end)
+        if not 0 <= end <= _UINT64_MAX:
+            raise _Slow
+    elif end is None:
+        end = _dec_nanos(raw.get("end_time_unix_nano"))
+    else:
+        raise _Slow
     kind = raw.get("kind")
     if kind.__class__ is int and 0 <= kind < 6:
         kind_text = _KIND_TEXT[kind]
