@@ -366,19 +366,6 @@ def decode_line(raw: bytes | str) -> list[Any]:
 
 def iter_spans(resource_spans: list[Any], on_bad: OnBad = _ignore) -> Iterator[dict[str, Any]]:
     """The span dicts of a ``resourceSpans`` list; malformed entries go to ``on_bad``."""
-    for resource, scope, spans in iter_scope_spans(resource_spans, on_bad):
-        for raw in spans:
-            try:
-                yield _dec_span(raw, dict(resource), scope)
-            except DecodeError as error:
-                on_bad(f"bad span: {error!r}"[:300])
-
-
-def iter_scope_spans(resource_spans: list[Any], on_bad: OnBad = _ignore
-                     ) -> Iterator[tuple[dict[str, Any], dict[str, Any], list[Any]]]:
-    """(decoded resource attributes, scope name/version, raw span list) of each scope of a
-    ``resourceSpans`` list; malformed resource and scope entries go to ``on_bad``. The same
-    resource dict is yielded for every scope of one resource entry."""
     for rs in resource_spans:
         try:
             resource = _dec_attributes((rs.get("resource") or {}).get("attributes"))
@@ -400,7 +387,11 @@ def iter_scope_spans(resource_spans: list[Any], on_bad: OnBad = _ignore
             except DecodeError as error:
                 on_bad(f"bad scopeSpans entry: {error!r}"[:300])
                 continue
-            yield resource, scope, spans
+            for raw in spans:
+                try:
+                    yield _dec_span(raw, dict(resource), scope)
+                except DecodeError as error:
+                    on_bad(f"bad span: {error!r}"[:300])
 
 
 def spans_from_otlp_json(request: dict[str, Any]) -> list[dict[str, Any]]:

@@ -30,7 +30,6 @@ from otel_verl._otlp_json import (
     _dec_value,
     _enum,
     _get,
-    iter_scope_spans,
 )
 from otel_verl.store import _schema as S
 
@@ -60,26 +59,43 @@ def _resource_map(resource: dict[str, Any]) -> tuple[tuple[list[str], list[str]]
 def add_resource_spans(columns: S.Columns, resource_spans: list[Any], source: str, offset: int,
                        on_bad: Callable[[str], None]) -> None:
     """Append the rows of one line's ``resourceSpans`` list (see the module docstring)."""
-    resource_map: tuple[tuple[list[str], list[str]], str] | None = None
-    last: dict[str, Any] | None = None
-    for resource, scope, spans in iter_scope_spans(resource_spans, on_bad):
-        if resource is not last:  # a new resource entry: its map is computed again
-            last, resource_map = resource, None
-        for raw in spans:
-            if resource_map is None:  # once, where Columns.add would compute it first
-                resource_map = _resource_map(resource)
-            r_map, service = resource_map
+    for rs in resource_spans:
+        try:
+            resource = _dec_attributes((rs.get("resource") or {}).get("attributes"))
+            scope_spans = _get(rs, "scopeSpans", "scope_spans", None)
+            if scope_spans is None:  # OTLP before 0.15 called them instrumentationLibrarySpans
+                scope_spans = rs.get("instrumentationLibrarySpans") or []
+            if not isinstance(scope_spans, list):
+                raise TypeError("scopeSpans is not a list")
+        except DecodeError as error:
+            on_bad(f"bad resourceSpans entry: {error!r}"[:300])
+            continue
+        resource_map: tuple[tuple[list[str], list[str]], str] | None = None
+        for ss in scope_spans:
             try:
-                _fast_row(columns, raw, resource, r_map, service, scope, source, offset)
-                continue
-            except Exception:  # noqa: BLE001, S112 - anything unusual: the codec decides
-                pass
-            try:
-                span = _dec_span(raw, dict(resource), scope)
+                raw_scope = ss.get("scope") or ss.get("instrumentationLibrary") or {}
+                scope = {"name": raw_scope.get("name", ""), "version": raw_scope.get("version", "")}
+                spans = ss.get("spans") or []
+                if not isinstance(spans, list):
+                    raise TypeError("spans is not a list")
             except DecodeError as error:
-                on_bad(f"bad span: {error!r}"[:300])
+                on_bad(f"bad scopeSpans entry: {error!r}"[:300])
                 continue
-            columns.add(span, source, offset)  # type: ignore[arg-type]
+            for raw in spans:
+                if resource_map is None:  # once, where Columns.add would compute it first
+                    resource_map = _resource_map(resource)
+                r_map, service = resource_map
+                try:
+                    _fast_row(columns, raw, resource, r_map, service, scope, source, offset)
+                    continue
+                except Exception:  # noqa: BLE001, S112 - anything unusual: the codec decides
+                    pass
+                try:
+                    span = _dec_span(raw, dict(resource), scope)
+                except DecodeError as error:
+                    on_bad(f"bad span: {error!r}"[:300])
+                    continue
+                columns.add(span, source, offset)  # type: ignore[arg-type]
 
 
 def _fast_row(columns: S.Columns, raw: Any, r: dict[str, Any],
