@@ -5,10 +5,12 @@ The viewer (:meth:`otel_verl.store._index.StoreIndex.trajectories` over SQLite a
 filter the same rows the same way; this module is that rule, written once. The dialects differ
 only where SQL does, and :class:`Dialect` names each difference.
 
-Every value is checked before it reaches SQL: an integer filter takes an ``int`` within 64 bits
-(not a bool, not a string: the HTTP layer parses the query string first), a reward bound a finite
-or infinite number (not NaN), and text is made encodable as UTF-8. A value that fails is the
-caller's mistake, :class:`BadRequest` (answered 400 by the viewer).
+Every value is checked before it reaches SQL: an integer filter takes an integer within 64 bits
+(an ``int`` or another :class:`numbers.Integral`, such as a numpy integer read from a frame; not a
+bool, not a string: the HTTP layer parses the query string first), a reward bound a finite or
+infinite real number (not NaN), ``validate`` a bool (a numpy bool, 0 or 1 too; not the string
+"false", which ``bool()`` would take as true), and text is made encodable as UTF-8. A value
+that fails is the caller's mistake, :class:`BadRequest` (answered 400 by the viewer).
 
 Usage::
 
@@ -19,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +29,8 @@ from typing import Any
 from otel_verl import semconv
 
 __all__ = ["DUCKDB", "SORTABLE", "SQLITE", "TRAJECTORY_COLUMNS", "BadRequest", "Dialect",
-           "Filters", "clean_text", "filter_clauses", "page_window", "query_float", "query_int",
-           "query_text", "sort_column"]
+           "Filters", "clean_text", "filter_clauses", "page_window", "query_bool", "query_float",
+           "query_int", "query_text", "sort_column"]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -58,28 +61,31 @@ def clean_text(text: str) -> str:
 
 
 def query_int(what: str, value: Any) -> int | None:
-    """``value`` as an integer filter (None stays None).
+    """``value`` as an integer filter (None stays None), a plain ``int``.
 
     Raises:
-        BadRequest: a bool, a string or anything else that is not an ``int``, or an integer
-            beyond 64 bits.
+        BadRequest: a bool, a string or anything else that is not an integer
+            (:class:`numbers.Integral`: an ``int``, a numpy integer), or an integer beyond 64
+            bits.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise BadRequest(f"{what} must be an integer, not {value!r:.40}")
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise BadRequest(f"{what} {str(value)[:24]} is out of range (64-bit integers)")
-    return value
+    number = int(value)
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise BadRequest(f"{what} {str(number)[:24]} is out of range (64-bit integers)")
+    return number
 
 
 def query_float(what: str, value: Any) -> float:
-    """``value`` as a number to compare with (an int or a float, not a bool, not NaN).
+    """``value`` as a number to compare with (a real number: an int, a float, a numpy number;
+    not a bool, not NaN).
 
     Raises:
         BadRequest: not a number, NaN, or an integer too large for a float.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise BadRequest(f"{what} must be a number, not {value!r:.40}")
     try:
         number = float(value)
@@ -88,6 +94,22 @@ def query_float(what: str, value: Any) -> float:
     if math.isnan(number):
         raise BadRequest(f"{what} must be a number, not NaN")
     return number
+
+
+def query_bool(what: str, value: Any) -> bool | None:
+    """``value`` as a yes/no filter (None stays None): a bool, a numpy bool, or 0 or 1.
+
+    Raises:
+        BadRequest: anything else (the string "false" among them: ``bool()`` takes it as true).
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "kind", None) == "b" and getattr(value, "shape", None) == ():
+        return bool(value)  # a numpy bool scalar
+    if isinstance(value, numbers.Integral) and int(value) in (0, 1):
+        return bool(int(value))
+    raise BadRequest(f"{what} must be true or false, not {value!r:.40}")
 
 
 def query_text(value: str | None) -> str | None:
@@ -160,6 +182,7 @@ def filter_clauses(
     text: str | None = None,
     trace_id: str | None = None,
     flag: str | None = None,
+    status: str | None = None,
 ) -> Filters:
     """The clauses that keep the trajectory rows matching every given filter.
 
@@ -171,6 +194,7 @@ def filter_clauses(
         text: the row's search text holds it, case folded ("" or None: any).
         trace_id: the trace id starts with it, case folded ("" or None: any).
         flag: a detector's flag name; the trajectory span has ``rl.flag.<flag>`` (None: any).
+        status: the trajectory's status equals it (``"OK"``, ``"ERROR"``, ...; None: any).
 
     Raises:
         BadRequest: a value of the wrong type or range (see the module docstring), or a flag
@@ -181,13 +205,14 @@ def filter_clauses(
     for column, value in (("experiment", query_text(experiment)),
                           ("step", query_int("step", step)),
                           ("sample_index", query_int("sample_index", sample_index)),
-                          ("rollout_n", query_int("rollout_n", rollout_n))):
+                          ("rollout_n", query_int("rollout_n", rollout_n)),
+                          ("status", query_text(status))):
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
-    if validate is not None:
+    if (yes := query_bool("validate", validate)) is not None:
         clauses.append("validate = ?")
-        params.append(dialect.validate(validate))
+        params.append(dialect.validate(yes))
     for op, bound in ((">=", reward_min), ("<=", reward_max)):
         if bound is not None:
             clauses.append(f"reward {op} ?")

@@ -74,6 +74,7 @@ from otel_verl.store._compact import (
     lake_dir,
     raw_start,
 )
+from otel_verl.store._filters import DUCKDB, filter_clauses, query_int
 from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
 
 __all__ = ["STEPS_SQL", "TRAJECTORIES_SQL", "TRAJECTORY_ORDER", "Lake", "LakeState", "steps_sql",
@@ -691,35 +692,30 @@ class Lake:
                      limit: int | None = 50, offset: int = 0) -> dict[str, Any]:
         """One page of trajectory rows matching every filter, and the total count.
 
+        The filters are the viewer's and ``traces list``'s
+        (:func:`otel_verl.store._filters.filter_clauses`, checked the same way: a numpy integer
+        is an integer, a bool or a string is not).
+
         Returns:
             ``{"total": int, "rows": [dict, ...]}`` (row keys: the ``trajectories`` columns).
+
+        Raises:
+            BadRequest: a filter, ``limit`` or ``offset`` of the wrong type or range.
         """
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("experiment", experiment), ("step", step),
-                              ("sample_index", sample_index), ("rollout_n", rollout_n),
-                              ("validate", validate), ("status", status)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if reward_min is not None:
-            clauses.append("reward >= ?")
-            params.append(float(reward_min))
-        if reward_max is not None:
-            clauses.append("reward <= ?")
-            params.append(float(reward_max))
-        if errors_only:
-            clauses.append("(errors > 0 OR tool_errors > 0)")
-        if trace_id:
-            clauses.append("starts_with(trace_id, ?)")
-            params.append(trace_id.lower())
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        found = filter_clauses(DUCKDB, experiment=experiment, step=step,
+                               sample_index=sample_index, rollout_n=rollout_n,
+                               validate=validate, status=status, reward_min=reward_min,
+                               reward_max=reward_max, errors_only=errors_only,
+                               trace_id=trace_id)
+        where, params = found.where, list(found.params)
+        limit = query_int("limit", limit)
+        offset = query_int("offset", offset) or 0
         if order not in TRAJECTORY_ORDER:
             order = "start_ns"
         direction = "DESC" if descending else "ASC"
         total = self.rows(f"SELECT count(*) AS n FROM trajectories {where}", params,
                           spans=not self.state.cached)
-        page = "" if limit is None else f" LIMIT {max(0, int(limit))} OFFSET {max(0, int(offset))}"
+        page = "" if limit is None else f" LIMIT {max(0, limit)} OFFSET {max(0, offset)}"
         rows = self.rows(
             f"SELECT * FROM trajectories {where} ORDER BY {order} {direction} NULLS LAST, "
             f"step, sample_index, rollout_n, key{page}", params, spans=not self.state.cached)

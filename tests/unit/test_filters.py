@@ -9,6 +9,7 @@ import sqlite3
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -59,6 +60,47 @@ def test_a_reward_bound_refuses_bools_strings_nan_and_huge_ints(dialect, bound, 
         filter_clauses(dialect, **{bound: value})
 
 
+@given(dialect=_DIALECTS, name=st.sampled_from(_INT_FILTERS),
+       value=st.integers(INT64_MIN, INT64_MAX),
+       kind=st.sampled_from([np.int64, np.int32, np.int8, np.uint8, np.uint64]))
+def test_a_numpy_integer_is_an_integer_and_binds_as_a_plain_int(dialect, name, value, kind):
+    """A step read from a frame (``df.step[0]``, a numpy integer) filters like the same int; the
+    engines get a plain ``int`` (DuckDB's binder refuses numpy scalars)."""
+    info = np.iinfo(kind)
+    value = kind(min(max(value, int(info.min)), int(info.max)))
+    found = filter_clauses(dialect, **{name: value})
+    assert found.params == (int(value),) and type(found.params[0]) is int
+    with pytest.raises(BadRequest, match=f"^{name} must be an integer, not "):
+        filter_clauses(dialect, **{name: np.bool_(True)})  # a bool, numpy's or Python's
+
+
+@given(dialect=_DIALECTS,
+       value=st.one_of(st.sampled_from(["false", "true", "0", "", 2, -1, 1.0, 0.0, b"0"]),
+                       st.text(max_size=6), st.floats(), st.integers().filter(
+                           lambda v: v not in (0, 1))))
+def test_validate_takes_a_bool_not_a_string(dialect, value):
+    """``bool("false")`` is True: a string reaching the dialect's ``bool`` kept the validation
+    rows for ``validate="false"``; now it is refused, as the int filters refuse strings."""
+    with pytest.raises(BadRequest, match="^validate must be true or false, not "):
+        filter_clauses(dialect, validate=value)
+
+
+@pytest.mark.parametrize("value, want", [(True, True), (False, False), (np.bool_(True), True),
+                                         (np.bool_(False), False), (1, True), (0, False),
+                                         (np.int64(0), False)])
+def test_validate_binds_each_dialects_value(value, want):
+    assert filter_clauses(SQLITE, validate=value).params == (int(want),)
+    found = filter_clauses(DUCKDB, validate=value)
+    assert found.params == (want,) and type(found.params[0]) is bool
+
+
+def test_a_numpy_number_is_a_reward_bound():
+    assert filter_clauses(DUCKDB, reward_min=np.float32(0.5),
+                          reward_max=np.int64(2)).params == (0.5, 2.0)
+    with pytest.raises(BadRequest, match="^reward bound must be a number, not NaN"):
+        filter_clauses(DUCKDB, reward_min=np.float64("nan"))
+
+
 def test_the_flag_filter_needs_the_lake_and_pages_stay_in_bounds():
     with pytest.raises(BadRequest, match="flag filter needs the lake"):
         filter_clauses(SQLITE, flag="length_cap")
@@ -81,6 +123,7 @@ _ROW = st.fixed_dictionaries({
     "sample_index": st.one_of(st.none(), st.integers(0, 2)),
     "rollout_n": st.one_of(st.none(), st.integers(0, 2)),
     "validate": st.one_of(st.none(), st.booleans()),
+    "status": st.one_of(st.none(), st.sampled_from(["OK", "ERROR", "UNSET"])),
     "reward": st.one_of(st.none(), st.sampled_from([0.0, 1.0, -1.0, 0.5, math.inf, -math.inf]),
                         st.floats(-2, 2)),
     "errors": st.integers(0, 2),
@@ -95,6 +138,7 @@ _FILTER_VALUES = {
     "sample_index": st.integers(0, 2),
     "rollout_n": st.integers(0, 2),
     "validate": st.booleans(),
+    "status": st.sampled_from(["OK", "ERROR", "ok"]),
     "reward_min": st.one_of(st.sampled_from([0, 1, 0.5, -math.inf]), st.floats(-3, 3)),
     "reward_max": st.one_of(st.sampled_from([0, 1, 0.5, math.inf]), st.floats(-3, 3)),
     "errors_only": st.booleans(),
@@ -114,7 +158,7 @@ def _filters(draw: Any) -> dict[str, Any]:
 
 def _kept(row: dict[str, Any], f: dict[str, Any], dialect_name: str) -> bool:
     """The documented rules, one by one (what each filter keeps)."""
-    for name in ("experiment", "step", "sample_index", "rollout_n", "validate"):
+    for name in ("experiment", "step", "sample_index", "rollout_n", "validate", "status"):
         if name in f and row[name] != f[name]:  # None in the row never equals
             return False
     if "reward_min" in f and (row["reward"] is None or not row["reward"] >= f["reward_min"]):
@@ -134,15 +178,15 @@ def _kept(row: dict[str, Any], f: dict[str, Any], dialect_name: str) -> bool:
 
 
 _COLUMNS = ("key", "trace_id", "span_id", "experiment", "step", "sample_index", "rollout_n",
-            "validate", "reward", "errors", "tool_errors", "search")
+            "validate", "status", "reward", "errors", "tool_errors", "search")
 _SQLITE_TABLE = ("CREATE TABLE trajectories (key TEXT, trace_id TEXT, span_id TEXT, "
                  "experiment TEXT, step INTEGER, sample_index INTEGER, rollout_n INTEGER, "
-                 "validate INTEGER, reward REAL, errors INTEGER, tool_errors INTEGER, "
+                 "validate INTEGER, status TEXT, reward REAL, errors INTEGER, tool_errors INTEGER, "
                  "search TEXT)")
 _DUCKDB_TABLES = (
     "CREATE OR REPLACE TABLE trajectories (key VARCHAR, trace_id VARCHAR, span_id VARCHAR, "
     "experiment VARCHAR, step BIGINT, sample_index BIGINT, rollout_n BIGINT, validate BOOLEAN, "
-    "reward DOUBLE, errors BIGINT, tool_errors BIGINT, search VARCHAR)",
+    "status VARCHAR, reward DOUBLE, errors BIGINT, tool_errors BIGINT, search VARCHAR)",
     "CREATE OR REPLACE TABLE spans (TraceId VARCHAR, SpanId VARCHAR, is_trajectory BOOLEAN, "
     "SpanAttributes MAP(VARCHAR, VARCHAR))")
 
@@ -188,14 +232,15 @@ def _duckdb_keys(rows: list[dict[str, Any]], f: dict[str, Any]) -> set[str]:
 
 def _row(trace_id: str, **values: Any) -> dict[str, Any]:
     row = {"trace_id": trace_id, "experiment": None, "step": None, "sample_index": None,
-           "rollout_n": None, "validate": None, "reward": None, "errors": 0, "tool_errors": 0,
-           "search": None, "flags": set()}
+           "rollout_n": None, "validate": None, "status": None, "reward": None, "errors": 0,
+           "tool_errors": 0, "search": None, "flags": set()}
     return {**row, **values}
 
 
 #: rows where each rule's edge shows (the property's random rows rarely line up with one)
 _EDGES = [
-    _row("ab", experiment="é", step=INT64_MAX, validate=True, reward=0.5, search="ab x",
+    _row("ab", experiment="é", step=INT64_MAX, validate=True, status="OK", reward=0.5,
+         search="ab x",
          flags={"loop"}),
     _row("ba", experiment="a", step=0, validate=False, reward=-math.inf, errors=1,
          search="b_%"),
@@ -215,6 +260,7 @@ _EDGES = [
 @example(rows=_EDGES, f={"reward_min": -math.inf, "reward_max": math.inf}, flag=None)
 @example(rows=_EDGES, f={"validate": False}, flag="length_cap")
 @example(rows=_EDGES, f={"errors_only": True}, flag=None)
+@example(rows=_EDGES, f={"status": "OK"}, flag=None)
 @example(rows=_EDGES, f={"experiment": "é", "step": INT64_MAX}, flag="loop")
 @given(rows=st.lists(_ROW, max_size=10), f=_filters(),
        flag=st.one_of(st.none(), st.sampled_from(["length_cap", "loop", "Loop"])))
