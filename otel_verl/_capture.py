@@ -230,7 +230,7 @@ def _pending_inputs(runtime: Runtime, options: ContentOptions, inputs: dict[str,
         holder["_prompt_id_set"] = True
         step.root_span = traj.span  # the trajectory's prompt, once, on its root
     holder[_PENDING + field] = step
-    _content.defer(step, content_store(runtime))
+    _content.defer(step, content_store(runtime).bound())  # held with its trajectory (tail)
     attrs: dict[str, Any] = {
         semconv.CONTENT_LEN: step.length, semconv.CONTENT_KIND: kind,
         semconv.CONTENT_FIELD: field, semconv.CONTENT_DELTA_LEN: step.length,

@@ -13,6 +13,22 @@ Decimal token ids compress ~2.4x at level 1 (a real vocabulary's ids, Zipf-distr
 rollout stub's repeated filler ~30x), at ~100 MB/s on the store's thread, with the GIL released.
 ``content_store_bytes`` bounds the content before compression (it is reserved on the caller's
 thread, where nothing is compressed).
+
+Tail sampling (``tail_keep``): a provisional trajectory's nodes are *held* in memory until its
+tail decision, as its spans are (``hold`` when it starts, ``release`` when it is decided, both
+called by ``otel_verl.exporters._tail``): kept (or exported early), they are written; dropped,
+they are discarded and their budget given back (``content_discarded``), so the store grows with
+the kept trajectories, not with every one recorded. Dedup knows held from written: a node held
+for a provisional trajectory that another trajectory also puts is held for both (written when
+either is kept, discarded when both are dropped), and a trajectory that is not held (head
+sampled, or outside tail sampling) writes a held node at once, so a kept trajectory is always
+complete whoever stored a node first. Held nodes are bounded (``HELD_MAX_BYTES``: past it the
+oldest are written before their decision, ``content_held_spilled``: bytes, never a loss); a
+SIGKILL loses held nodes together with the held spans that refer to them; a store closed with
+nodes still held (a decision never came) writes them.
+
+The ids written are remembered for dedup in a bounded LRU (``SEEN_MAX_IDS``): an id that falls
+out is written again if it comes back (``content_seen_evicted``; duplicate bytes, never a loss).
 """
 
 from __future__ import annotations
@@ -36,6 +52,7 @@ from otel_verl._content import (
     Step,
     _dumps_sorted,
 )
+from otel_verl._current import TRAJECTORY
 
 _log = logging.getLogger("otel_verl")
 
@@ -122,17 +139,99 @@ def iter_members(data: bytes, start: int = 0) -> Iterator[tuple[int, int, bytes 
 
 #: items per queued node in ``ContentStore._queue`` (kept flat: see ``ContentStore.put``)
 _NODE_ITEMS = 7
+#: ids remembered as written, for dedup (an LRU: ~170 B each, so ~11 MB at most); one that
+#: falls out is written again if it comes back (duplicate bytes, never a loss)
+SEEN_MAX_IDS = 1 << 16
+#: nodes held for provisional trajectories (tail sampling), in bytes: past it the oldest are
+#: written before their trajectory's decision (bytes, never a loss)
+HELD_MAX_BYTES = 64 * 1024 * 1024
+#: provisional trajectories whose content waits, at most (the oldest past it is released as
+#: kept: a decision that never comes costs bytes, never memory without bound)
+HOLDING_MAX = 1 << 16
+#: ``put``'s default owner: the current trajectory, when it is held (``hold``)
+CURRENT: Any = object()
+
+
+class _Held:
+    """A node held for the provisional trajectories that put it (their root span ids)."""
+
+    __slots__ = ("items", "owners", "size")
+
+    def __init__(self, items: tuple[Any, ...], size: int, owner: int) -> None:
+        self.items = items
+        self.size = size
+        self.owners = {owner}
+
+
+#: provisional trajectories (root span ids) whose nodes are held, oldest first
+_HOLDING: collections.OrderedDict[int, None] = collections.OrderedDict()
+_HOLDING_LOCK = threading.Lock()
+
+
+def hold(owner: int) -> None:
+    """A provisional trajectory started: its nodes wait for ``release`` (tail sampling)."""
+    with _HOLDING_LOCK:
+        _HOLDING[owner] = None
+        evicted = _HOLDING.popitem(last=False)[0] if len(_HOLDING) > HOLDING_MAX else None
+    if evicted is not None:
+        _release_in_stores(evicted, True)
+
+
+def release(owner: int, keep: bool) -> None:
+    """A provisional trajectory was decided: its held nodes are written (``keep``) or discarded
+    (unless another held trajectory still needs them); its later nodes are written at once."""
+    with _HOLDING_LOCK:
+        if owner not in _HOLDING:  # never held, or released already
+            return
+        del _HOLDING[owner]
+    _release_in_stores(owner, keep)
+
+
+def _release_in_stores(owner: int, keep: bool) -> None:
+    # after ``_HOLDING`` lost it: a put that saw it held (under its store's lock) is done
+    for store in list(_STORES.values()):
+        store.release(owner, keep)
+
+
+def _current_owner() -> int | None:
+    """The current trajectory's root span id when its nodes are held, else None."""
+    traj = TRAJECTORY.get()
+    if traj is None or not traj.provisional or traj.span is None:
+        return None
+    owner: int = traj.span.get_span_context().span_id
+    return owner if owner in _HOLDING else None
+
+
+class _Owned:
+    """A store bound to the trajectory current when it was made (a put on another thread)."""
+
+    __slots__ = ("owner", "store")
+
+    def __init__(self, store: ContentStore, owner: int | None) -> None:
+        self.store = store
+        self.owner = owner
+
+    def put(self, kind: str, step: Step) -> str:
+        return self.store.put(kind, step, self.owner)
 
 
 class ContentStore:
     """The content store of one process and run: nodes deduplicated by id, written by one
     background thread, bounded by ``max_bytes`` (over it: counted, said once, never silent)."""
 
-    def __init__(self, directory: str, max_bytes: int, redact: bool) -> None:
+    def __init__(self, directory: str, max_bytes: int, redact: bool,
+                 max_ids: int = SEEN_MAX_IDS, held_max_bytes: int = HELD_MAX_BYTES) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
         self.redact = redact
-        self._seen: set[str] = set()
+        #: ids written (or queued), least recently put first; at most ``max_ids``
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._max_ids = max_ids
+        #: nodes held for provisional trajectories (oldest first), and by whom
+        self._held: dict[str, _Held] = {}
+        self._held_by: dict[int, list[str]] = {}
+        self._held_bytes = 0
+        self._held_max = held_max_bytes
         self._reserved = 0
         self._lock = threading.Lock()
         #: nodes waiting for the store's thread, and their bytes: ``_NODE_ITEMS`` flat items per
@@ -151,47 +250,119 @@ class ContentStore:
         self.path = os.path.join(directory, f"{self._pid}-{time.time_ns()}{GZIP_SUFFIX}")
         self.counts = {"content_nodes": 0, "content_bytes": 0, "content_dedup_hits": 0,
                        "content_dropped": 0, "content_dropped_bytes": 0, "content_errors": 0,
-                       "content_redacted": 0}
+                       "content_redacted": 0, "content_discarded": 0,
+                       "content_discarded_bytes": 0, "content_held_spilled": 0,
+                       "content_seen_evicted": 0}
         self._warned = False
         #: set when ``close_all`` or a fork drops this store: callers holding it take a new one
         self.retired = False
 
-    def put(self, kind: str, step: Step) -> str:
+    def put(self, kind: str, step: Step, owner: Any = CURRENT) -> str:
         """Store a node once: ``"stored"`` (now or before), or ``"missing"`` (over budget).
 
-        A step that appends nothing is its base (same content, same id): nothing to write."""
+        A step that appends nothing is its base (same content, same id): nothing to write.
+        ``owner``: the provisional trajectory it is held for (default: the current one, when
+        ``hold`` was called for it; None: written at once)."""
+        if owner is CURRENT:
+            owner = _current_owner() if _HOLDING else None
         size = len(step.delta_bytes) + 160
+        content_id = step.id
         with self._lock:
-            if step.id in self._seen:
+            if content_id in self._seen:
+                self._seen.move_to_end(content_id)
                 self.counts["content_dedup_hits"] += 1
                 return "stored"
-            if step.id == step.base_id:  # its base was not stored here (over budget)
-                return "missing"
+            if owner is not None and owner not in _HOLDING:  # decided since: written at once
+                owner = None
+            held = self._held.get(content_id)
+            if held is not None:
+                self.counts["content_dedup_hits"] += 1
+                if owner is None:  # wanted by a trajectory that is not held: written now
+                    self._promote(content_id)
+                elif owner not in held.owners:
+                    held.owners.add(owner)
+                    self._held_by.setdefault(owner, []).append(content_id)
+                return "stored"
+            if content_id == step.base_id:  # its base is not here: refused over budget (or
+                # written and forgotten by the LRU, when nothing was ever refused)
+                return "missing" if self.counts["content_dropped"] else "stored"
             if self._reserved + size > self.max_bytes:
                 self.counts["content_dropped"] += 1
                 self.counts["content_dropped_bytes"] += size
                 warn, self._warned = not self._warned, True
             else:
                 warn = False
-                self._seen.add(step.id)
                 self._reserved += size
-                self._pending += 1
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="otel_verl-content",
-                                                    daemon=True)
-                    self._thread.start()
-                self._queue.extend((kind, step.id, step.length, step.base_id, step.base_len,
-                                    step.delta_bytes,
-                                    None if kind == KIND_TOKENS else step.delta))
-                self._queued_bytes += size
-                if self._queued_bytes >= WAKE_BYTES:  # else the thread comes by on its own:
-                    self._wake.notify()  # no thread switch per call on the rollout's loop
+                items = (kind, content_id, step.length, step.base_id, step.base_len,
+                         step.delta_bytes, None if kind == KIND_TOKENS else step.delta)
+                if owner is None:
+                    self._enqueue(items, size)
+                else:
+                    self._held[content_id] = _Held(items, size, owner)
+                    self._held_by.setdefault(owner, []).append(content_id)
+                    self._held_bytes += size
+                    while self._held_bytes > self._held_max and self._held:
+                        self.counts["content_held_spilled"] += 1
+                        self._promote(next(iter(self._held)))
                 return "stored"
         if warn:
             _log.warning("otel_verl: the content store is full (content_store_bytes=%d): content "
                          "beyond it is not stored (counted as content_dropped); spans say "
                          "otel_verl.content.stored=missing", self.max_bytes)
         return "missing"
+
+    def bound(self) -> ContentStore | _Owned:
+        """This store for a put that happens later on another thread (a prompt hashed off the
+        loop) on behalf of the current trajectory."""
+        owner = _current_owner() if _HOLDING else None
+        return self if owner is None else _Owned(self, owner)
+
+    def _enqueue(self, items: tuple[Any, ...], size: int) -> None:
+        """A node to the store's thread (under the lock), its id remembered as written."""
+        seen = self._seen
+        seen[items[1]] = None
+        if len(seen) > self._max_ids:
+            seen.popitem(last=False)
+            self.counts["content_seen_evicted"] += 1
+        self._pending += 1
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="otel_verl-content",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.extend(items)
+        self._queued_bytes += size
+        if self._queued_bytes >= WAKE_BYTES:  # else the thread comes by on its own:
+            self._wake.notify()  # no thread switch per call on the rollout's loop
+
+    def _promote(self, content_id: str) -> None:
+        """A held node is written (under the lock)."""
+        held = self._held.pop(content_id)
+        self._held_bytes -= held.size
+        self._enqueue(held.items, held.size)
+
+    def release(self, owner: int, keep: bool) -> None:
+        """``owner``'s held nodes: written (``keep``), or discarded where no other held
+        trajectory needs them (their budget given back)."""
+        with self._lock:
+            for content_id in self._held_by.pop(owner, ()):
+                held = self._held.get(content_id)
+                if held is None:  # written already (spilled, or wanted by another)
+                    continue
+                if keep:
+                    self._promote(content_id)
+                    continue
+                held.owners.discard(owner)
+                if not held.owners:
+                    del self._held[content_id]
+                    self._held_bytes -= held.size
+                    self._reserved -= held.size
+                    self.counts["content_discarded"] += 1
+                    self.counts["content_discarded_bytes"] += held.size
+
+    def held(self) -> tuple[int, int]:
+        """(nodes, bytes) held for provisional trajectories now."""
+        with self._lock:
+            return len(self._held), self._held_bytes
 
     def _run(self) -> None:
         while True:
@@ -260,6 +431,10 @@ class ContentStore:
         return True
 
     def close(self, timeout_s: float = 5.0) -> None:
+        with self._lock:  # a decision that never came: written (bytes, never a loss)
+            for content_id in list(self._held):
+                self._promote(content_id)
+            self._held_by.clear()
         self.flush(timeout_s)
         if self._thread is not None:
             with self._lock:
@@ -350,9 +525,12 @@ def stats_all() -> dict[str, int]:
 
 
 def _after_fork_in_child() -> None:
+    global _HOLDING_LOCK
     for store in _STORES.values():
         store.retired = True
     _STORES.clear()  # the parent's threads and files are not the child's
+    _HOLDING.clear()  # the parent's trajectories are decided there
+    _HOLDING_LOCK = threading.Lock()
 
 
 _fork.register_after_in_child(_after_fork_in_child, "content store")

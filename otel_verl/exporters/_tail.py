@@ -36,7 +36,9 @@ Cost: spans of an undecided trajectory are held in a buffer bounded in (estimate
 the cyclic GC tracks rather than the SDK's 11, so waiting spans bring the next young collection
 little closer). When it is full, the oldest undecided trajectory is exported early rather
 than dropped (reason ``overflow``, weight 0: not part of the sample; counted). A trajectory that is
-neither head- nor tail-kept costs its capture and is then discarded. ``tail_max_per_step_per_worker``
+neither head- nor tail-kept costs its capture and is then discarded,
+its content-store nodes with it (``otel_verl._content_store.hold``/``release``: held until
+the decision, written only for a kept one). ``tail_max_per_step_per_worker``
 caps what the tail rules add per step (the rest counted as ``over_budget``).
 
 Usage (``otel_verl._provider`` does this when ``tail_keep`` is set)::
@@ -65,7 +67,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 
-from otel_verl import _errors, semconv
+from otel_verl import _content_store, _errors, semconv
 from otel_verl._config import TraceConfig
 from otel_verl._fork import LiveInstances
 from otel_verl._hotpath import attribute_map, compact
@@ -324,6 +326,7 @@ class _Buffer:
         """Shutdown: the trajectories still running are given up (their spans dropped, counted)."""
         for trajectory in list(self.undecided.values()):
             self._ledger.counts["abandoned_open"] += 1
+            _content_store.release(trajectory.span_id, keep=False)
             self.undecided.pop(trajectory.span_id, None)
             self.bytes -= trajectory.bytes
             trajectory.spans, trajectory.bytes, trajectory.verdict = [], 0, False
@@ -339,6 +342,7 @@ class _Buffer:
         """The buffer is full: export the oldest undecided trajectory now rather than drop it."""
         self._ledger.counts["spilled"] += 1
         del self.undecided[trajectory.span_id]
+        _content_store.release(trajectory.span_id, keep=True)  # its content before its spans
         out.extend(trajectory.spans)
         self.bytes -= trajectory.bytes
         trajectory.spans, trajectory.bytes = [], 0
@@ -366,6 +370,7 @@ class _Buffer:
                out: list[ReadableSpan]) -> None:
         trajectory.verdict, trajectory.reason = True, reason
         self.undecided.pop(trajectory.span_id, None)
+        _content_store.release(trajectory.span_id, keep=True)  # its content before its spans
         out.extend(trajectory.spans)
         if trajectory.root is not None:
             root = trajectory.root  # a finished span cannot change: a copy with the decision
@@ -385,6 +390,7 @@ class _Buffer:
             return
         trajectory.verdict = False
         self.undecided.pop(trajectory.span_id, None)
+        _content_store.release(trajectory.span_id, keep=False)  # its held content discarded
         self.bytes -= trajectory.bytes
         trajectory.spans, trajectory.bytes = [], 0
         trajectory.root = trajectory.view = None
@@ -585,6 +591,7 @@ class TailSamplingProcessor(SpanProcessor):
             self._owner[span_id] = trajectory
             if provisional:
                 self._buffer.undecided[span_id] = trajectory
+                _content_store.hold(span_id)  # its content waits with its spans
         out: list[ReadableSpan] = []
         if step_key != self._ledger.current:  # a step change: steps with nothing running are over
             self._ledger.current = step_key
