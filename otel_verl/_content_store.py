@@ -152,15 +152,10 @@ HOLDING_MAX = 1 << 16
 CURRENT: Any = object()
 
 
-class _Held:
-    """A node held for the provisional trajectories that put it (their root span ids)."""
-
-    __slots__ = ("items", "owners", "size")
-
-    def __init__(self, items: tuple[Any, ...], size: int, owner: int) -> None:
-        self.items = items
-        self.size = size
-        self.owners = {owner}
+#: a held node: (its ``_NODE_ITEMS`` items, its size, the root span ids of the provisional
+#: trajectories that put it); tuples of atoms only (token nodes), so the cyclic GC stops
+#: tracking them after their first young collection (a set or an object per node would stay)
+_Held = tuple[tuple[Any, ...], int, tuple[int, ...]]
 
 
 #: provisional trajectories (root span ids) whose nodes are held, oldest first
@@ -279,8 +274,8 @@ class ContentStore:
                 self.counts["content_dedup_hits"] += 1
                 if owner is None:  # wanted by a trajectory that is not held: written now
                     self._promote(content_id)
-                elif owner not in held.owners:
-                    held.owners.add(owner)
+                elif owner not in held[2]:
+                    self._held[content_id] = (held[0], held[1], (*held[2], owner))
                     self._held_by.setdefault(owner, []).append(content_id)
                 return "stored"
             if content_id == step.base_id:  # its base is not here: refused over budget (or
@@ -298,7 +293,7 @@ class ContentStore:
                 if owner is None:
                     self._enqueue(items, size)
                 else:
-                    self._held[content_id] = _Held(items, size, owner)
+                    self._held[content_id] = (items, size, (owner,))
                     self._held_by.setdefault(owner, []).append(content_id)
                     self._held_bytes += size
                     while self._held_bytes > self._held_max and self._held:
@@ -336,9 +331,9 @@ class ContentStore:
 
     def _promote(self, content_id: str) -> None:
         """A held node is written (under the lock)."""
-        held = self._held.pop(content_id)
-        self._held_bytes -= held.size
-        self._enqueue(held.items, held.size)
+        items, size, _owners = self._held.pop(content_id)
+        self._held_bytes -= size
+        self._enqueue(items, size)
 
     def release(self, owner: int, keep: bool) -> None:
         """``owner``'s held nodes: written (``keep``), or discarded where no other held
@@ -351,13 +346,16 @@ class ContentStore:
                 if keep:
                     self._promote(content_id)
                     continue
-                held.owners.discard(owner)
-                if not held.owners:
-                    del self._held[content_id]
-                    self._held_bytes -= held.size
-                    self._reserved -= held.size
-                    self.counts["content_discarded"] += 1
-                    self.counts["content_discarded_bytes"] += held.size
+                owners = tuple(o for o in held[2] if o != owner)
+                if owners:  # another held trajectory needs it still
+                    self._held[content_id] = (held[0], held[1], owners)
+                    continue
+                del self._held[content_id]
+                size = held[1]
+                self._held_bytes -= size
+                self._reserved -= size
+                self.counts["content_discarded"] += 1
+                self.counts["content_discarded_bytes"] += size
 
     def held(self) -> tuple[int, int]:
         """(nodes, bytes) held for provisional trajectories now."""
