@@ -34,6 +34,11 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+try:  # the fast encoder (a core dependency); without it every line is the stdlib's, byte for byte
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
 __all__ = [
     "DecodeError",
     "decode_line",
@@ -260,12 +265,71 @@ def encode_request(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 
 
 def _dumps(value: Any) -> str:
+    """The reference encoding of the file format (the stdlib's, compact, non-ASCII as is)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _dumps_stdlib(value: Any) -> bytes:
+    # "replace": a lone surrogate in an attribute must not cost the whole batch
+    return _dumps(value).encode("utf-8", "replace")
+
+
+#: the key of a double: the bytes cannot occur inside a JSON string (a quote there is always
+#: escaped), and an ``AnyValue`` holds one member, so the number runs to the next ``}``
+_DOUBLE = b'"doubleValue":'
+
+
+def _doubles_as_stdlib(out: bytes) -> bytes:
+    """orjson's ``out`` with each double written as the stdlib writes it (``float.__repr__``):
+    orjson writes some in another notation (``1e-05`` as ``0.00001``, ``2.5e-07`` as
+    ``2.5e-7``), the same number."""
+    parts: list[bytes] = []
+    last = 0
+    pos = out.find(_DOUBLE)
+    while pos != -1:
+        start = pos + len(_DOUBLE)
+        end = out.find(b"}", start)
+        number = out[start:end]
+        if number[:1] != b'"':  # "NaN", "Infinity", "-Infinity" are strings already
+            text = repr(float(number)).encode("ascii")
+            if text != number:
+                parts.append(out[last:start])
+                parts.append(text)
+                last = end
+        pos = out.find(_DOUBLE, end)
+    if not parts:
+        return out
+    parts.append(out[last:])
+    return b"".join(parts)
+
+
+def _dumps_bytes(value: Any) -> bytes:
+    """``_dumps(value)`` as UTF-8, byte for byte, by orjson where it gives the same bytes.
+
+    orjson writes what the stdlib writes (same escapes, non-ASCII as is, keys in insertion order,
+    compact separators) except: it refuses lone surrogates (the stdlib's line has ``?`` for
+    each), integers beyond 64 bits, subclasses of float and nesting past 254 levels (it raises:
+    the stdlib encodes those), and it writes some doubles in another notation (rewritten by
+    ``_doubles_as_stdlib``). ``tests/unit/test_encode_fast.py`` checks the two against each other
+    on hostile spans.
+    """
+    if _orjson is None:
+        return _dumps_stdlib(value)
+    try:
+        out: bytes = _orjson.dumps(value)
+    except Exception:  # noqa: BLE001 - whatever orjson refuses, the stdlib decides
+        return _dumps_stdlib(value)
+    return _doubles_as_stdlib(out) if _DOUBLE in out else out
+
+
+_SPAN_SENTINEL = "\x00otel_verl-span\x00"
+_SENTINEL_BYTES = _dumps_stdlib(_SPAN_SENTINEL)[1:-1]
 
 
 def encode_line(spans: Sequence[ReadableSpan]) -> bytes:
     """One OTLP/JSON line (UTF-8, newline-terminated) holding ``spans``: the bytes of
-    ``json.dumps(encode_request(spans))``, built span by span.
+    ``json.dumps(encode_request(spans))`` (compact, ``ensure_ascii=False``, lone surrogates as
+    ``?``), built span by span.
 
     Each span's dict is encoded and dropped before the next one is built, so a batch never holds
     thousands of short-lived dicts at once: those fed the cyclic GC's young generation on the
@@ -282,46 +346,50 @@ def encode_line(spans: Sequence[ReadableSpan]) -> bytes:
     # the request around one placeholder per scope, encoded once; each placeholder becomes its
     # spans' list, written span by span (json.dumps of a list is its items' encodings joined
     # with these separators: the same bytes)
-    rest = _dumps(_request(groups, placeholder))
-    out: list[str] = []
+    rest = _dumps_bytes(_request(groups, placeholder))
+    if rest.count(_SENTINEL_BYTES) != len(bodies):
+        # a resource or scope attribute that spells a placeholder: no splitting on it
+        return _dumps_bytes(encode_request(spans)) + b"\n"
+    out: list[bytes] = []
     for index, members in enumerate(bodies):
-        head, rest = rest.split(_dumps(f"{_SPAN_SENTINEL}{index}"), 1)
+        head, rest = rest.split(_dumps_bytes(f"{_SPAN_SENTINEL}{index}"), 1)
         out.append(head)
-        out.append("[" + ",".join(_dumps(_span(s)) for s in members) + "]")
+        out.append(b"[" + b",".join([_dumps_bytes(_span(s)) for s in members]) + b"]")
     out.append(rest)
-    # "replace": a lone surrogate in an attribute must not cost the whole batch
-    return "".join(out).encode("utf-8", "replace") + b"\n"
+    return b"".join(out) + b"\n"
 
 
-_SPAN_SENTINEL = "\x00otel_verl-span\x00"
 #: (resource, scope) -> the line's bytes around its one span; keyed by identity, objects kept
 _FRAMES: dict[tuple[int, int], tuple[Any, Any, bytes, bytes]] = {}
 
 
-def _frame(span: ReadableSpan) -> tuple[bytes, bytes]:
+def _frame(span: ReadableSpan) -> tuple[bytes, bytes] | None:
     """The encoded request around one span of this resource and scope (cached: the resource's
-    attributes are the same for every span of a process, so they are encoded once)."""
+    attributes are the same for every span of a process, so they are encoded once); None when
+    a resource or scope attribute spells the placeholder."""
     resource, scope = span.resource, span.instrumentation_scope
     key = (id(resource), id(scope))
     entry = _FRAMES.get(key)
     if entry is None or entry[0] is not resource or entry[1] is not scope:
         request = encode_request((span,))
         request["resourceSpans"][0]["scopeSpans"][0]["spans"] = [_SPAN_SENTINEL]
-        text = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
-        head, tail = text.split(json.dumps(_SPAN_SENTINEL), 1)
+        text = _dumps_bytes(request)
+        if text.count(_SENTINEL_BYTES) != 1:
+            return None
+        head, tail = text.split(_dumps_bytes(_SPAN_SENTINEL), 1)
         if len(_FRAMES) >= 64:
             _FRAMES.clear()
-        entry = _FRAMES[key] = (resource, scope, head.encode("utf-8", "replace"),
-                                tail.encode("utf-8", "replace") + b"\n")
+        entry = _FRAMES[key] = (resource, scope, head, tail + b"\n")
     return entry[2], entry[3]
 
 
 def encode_span_line(span: ReadableSpan) -> bytes:
     """One OTLP/JSON line holding one span (the write-ahead log's record); the same bytes as
     ``encode_line((span,))``, with the resource and scope encoded once per process."""
-    head, tail = _frame(span)
-    body = json.dumps(_span(span), ensure_ascii=False, separators=(",", ":"))
-    return head + body.encode("utf-8", "replace") + tail
+    frame = _frame(span)
+    if frame is None:
+        return encode_line((span,))
+    return frame[0] + _dumps_bytes(_span(span)) + frame[1]
 
 
 # --- the decoder --------------------------------------------------------------------------------
