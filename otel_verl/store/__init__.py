@@ -693,8 +693,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     **{name: ("_compact", name) for name in ("Manifest", "compact", "main_progress",
                                              "pending_bytes")},
     **{name: ("_index", name) for name in ("IndexStats", "StoreIndex", "default_index_path",
-                                           "first_error", "is_llm_span", "is_tool_span",
-                                           "prompt_and_response", "reward_label")},
+                                           "first_error", "prompt_and_response",
+                                           "reward_label")},
+    **{name: ("_record", name) for name in ("is_llm_span", "is_tool_error", "is_tool_span")},
     "decode_quietly": ("_index", "_quiet_decode"),
     "json_or_none": ("_index", "_json_or_none"),
     **{name: ("_filters", name) for name in ("DUCKDB", "SQLITE", "TRAJECTORY_COLUMNS",
@@ -728,8 +729,6 @@ if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads th
     from otel_verl.store._index import _quiet_decode as decode_quietly  # noqa: F401
     from otel_verl.store._index import default_index_path as default_index_path
     from otel_verl.store._index import first_error as first_error
-    from otel_verl.store._index import is_llm_span as is_llm_span
-    from otel_verl.store._index import is_tool_span as is_tool_span
     from otel_verl.store._index import prompt_and_response as prompt_and_response
     from otel_verl.store._index import reward_label as reward_label
     from otel_verl.store._lines import LineCache as LineCache
@@ -738,6 +737,9 @@ if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads th
     from otel_verl.store._live import live_workers as live_workers
     from otel_verl.store._query import Lake as Lake
     from otel_verl.store._query import LakeState as LakeState
+    from otel_verl.store._record import is_llm_span as is_llm_span
+    from otel_verl.store._record import is_tool_error as is_tool_error
+    from otel_verl.store._record import is_tool_span as is_tool_span
 
 
 def __getattr__(name: str) -> Any:

@@ -62,12 +62,20 @@ from otel_verl.store._filters import (
 )
 from otel_verl.store._filters import clean_text as _clean
 from otel_verl.store._lines import LineCache, line_at
+from otel_verl.store._record import (
+    first_exception_text,
+    first_label,
+    is_llm_span,
+    is_sampling_report,
+    is_tool_error,
+    is_tool_span,
+)
 
 __all__ = ["TRAJECTORY_COLUMNS", "BadRequest", "IndexStats", "StoreIndex", "default_index_path"]
 
 _logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"  # 5: a tool error marked by the record's rule (is_tool_error)
 #: bytes of a file's head and of the stretch before the indexed offset that identify its content
 _PRINT = 4096
 #: the attribute the tail sampler sets: how many trajectories this one stands for
@@ -79,7 +87,6 @@ _SEARCH_TEXT = 4000
 _READ_BLOCK = 32 * 1024 * 1024
 #: decoded store lines kept for trajectory pages (a line is one exported batch, <= ~512 spans)
 _LINE_CACHE = 16
-_LLM_OPERATIONS = ("chat", "text_completion", "generate_content")
 
 #: attributes kept per span in the index (the rest stays in the store)
 _KEPT_ATTRIBUTES = (
@@ -345,19 +352,18 @@ def _compact(span: dict[str, Any]) -> tuple[Any, ...]:
         text["prompt"] = _snippet(prompt, 2000)
     if response is not None:
         text["response"] = _snippet(response, 2000)
+    result = attributes.get(semconv.GEN_AI_TOOL_CALL_RESULT)
+    if result is None:
+        result = attributes.get(semconv.OUTPUT_VALUE)
     if semconv.GEN_AI_TOOL_NAME in attributes or attributes.get(
             semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.TOOL:
         arguments = attributes.get(semconv.GEN_AI_TOOL_CALL_ARGUMENTS)
-        result = attributes.get(semconv.GEN_AI_TOOL_CALL_RESULT)
-        output = attributes.get(semconv.OUTPUT_VALUE)
         if arguments is None:
             arguments = attributes.get(semconv.INPUT_VALUE)
-        if result is None:
-            result = output
         text["tool"] = _snippet(f"{attributes.get(semconv.GEN_AI_TOOL_NAME, span['name'])}"
                                 f"({_snippet(arguments, 300)}) -> {_snippet(result, 300)}", 700)
-        if isinstance(output, str) and '"ok":false' in output.replace(" ", ""):
-            text["tool_error"] = _snippet(result, 300)
+    if is_tool_error(span):  # the record's rule, read while the span still has its output
+        text["tool_error"] = _snippet(result, 300)
     data: dict[str, Any] = {"a": kept}
     if resource:
         data["r"] = resource
@@ -376,10 +382,6 @@ def _compact(span: dict[str, Any]) -> tuple[Any, ...]:
 _dumps = json.JSONEncoder(default=str, separators=(",", ":")).encode
 
 
-def _is_report(span: dict[str, Any]) -> bool:
-    return span["name"] == semconv.SAMPLING_REPORT_SPAN and span["parent_span_id"] is None
-
-
 def _span_of_row(row: tuple[Any, ...]) -> dict[str, Any]:
     """An index row back into a (partial) span dict the store's trajectory model accepts."""
     trace_id, span_id, parent, name, start_ns, end_ns, status, status_message, data = row
@@ -393,56 +395,26 @@ def _span_of_row(row: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def is_llm_span(span: dict[str, Any]) -> bool:
-    """A model call made by the rollout (the GenAI client span), not the engine's own span."""
-    attributes = span["attributes"]
-    operation = attributes.get(semconv.GEN_AI_OPERATION_NAME)
-    if operation is not None:
-        return operation in _LLM_OPERATIONS
-    return attributes.get(semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.LLM
-
-
-def is_tool_span(span: dict[str, Any]) -> bool:
-    attributes = span["attributes"]
-    return (attributes.get(semconv.GEN_AI_OPERATION_NAME) == "execute_tool"
-            or attributes.get(semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.TOOL)
-
-
 def _int(value: Any) -> int | None:
     return _sql_int(value)
 
 
 def reward_label(trajectory: Trajectory) -> str | None:
-    for span in trajectory.spans:
-        for event in span["events"]:
-            if event["name"] == semconv.GEN_AI_EVALUATION_RESULT:
-                label = event["attributes"].get(semconv.GEN_AI_EVALUATION_SCORE_LABEL)
-                if label is not None:
-                    return str(label)
-        label = span["attributes"].get(semconv.GEN_AI_EVALUATION_SCORE_LABEL)
-        if label is not None:
-            return str(label)
-    return None
+    """The trajectory's reward label (:func:`otel_verl.store._record.first_label`)."""
+    return first_label(trajectory.spans)
 
 
 def first_error(trajectory: Trajectory) -> str | None:
-    """The first error's message: an exception event, else an error status."""
-    for span in trajectory.spans:
-        for event in span["events"]:
-            ev = event["attributes"]
-            if _EXCEPTION_TYPE in ev or _EXCEPTION_MESSAGE in ev:
-                return f"{ev.get(_EXCEPTION_TYPE, 'exception')}: {ev.get(_EXCEPTION_MESSAGE, '')}"
-        if span["status"]["code"] == "ERROR":
-            return span["status"]["message"] or f"{span['name']} failed"
-    return None
+    """The first error's message: an exception event, else an error status
+    (:func:`otel_verl.store._record.first_exception_text`)."""
+    return first_exception_text(trajectory.spans)
 
 
 def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
     llm = [s for s in t.spans if is_llm_span(s)]
     tools = [s for s in t.spans if is_tool_span(s)]
-    tool_errors = sum(1 for s in tools if s["status"]["code"] == "ERROR"
-                      or semconv.ERROR_TYPE in s["attributes"]
-                      or "tool_error" in s.get("text", {}))
+    # the record's rule (kept as a mark by _compact: the index's copy has no output)
+    tool_errors = sum(1 for s in tools if "tool_error" in s.get("text", {}) or is_tool_error(s))
     tokens_in = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_INPUT_TOKENS)) or 0 for s in llm)
     tokens_out = sum(_int(s["attributes"].get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)) or 0
                      for s in llm)
@@ -866,7 +838,7 @@ class StoreIndex:
         seen: set[str] = set()
         for span in spans:
             try:
-                if _is_report(span):  # a sampler's per-step counts, not a trajectory
+                if is_sampling_report(span):  # a sampler's per-step counts, not a trajectory
                     reports.append((span["trace_id"], span["span_id"],
                                     _dumps(span["attributes"])))
                     continue

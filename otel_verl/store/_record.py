@@ -8,9 +8,13 @@ They are types only: nothing is converted at run time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypedDict
 
-__all__ = ["EventRecord", "LinkRecord", "ScopeRecord", "SpanRecord", "StatusRecord"]
+__all__ = ["LLM_OPERATIONS", "EventRecord", "LinkRecord", "ScopeRecord", "SpanLike", "SpanRecord",
+           "StatusRecord", "evaluation", "exception_text", "first_exception_text", "first_label",
+           "is_llm_span", "is_sampling_report", "is_tool_error", "is_tool_span",
+           "is_trajectory_span"]
 
 SpanKindText = Literal["INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"]
 StatusCodeText = Literal["UNSET", "OK", "ERROR"]
@@ -58,11 +62,22 @@ class SpanRecord(TypedDict):
     parent_is_remote: bool | None
 
 
-# --- what a span means (the one place; the lake's columns, the CLI and the viewer ask here) -----
+#: a decoded span, or the SQLite index's reduced copy of one (the same keys, fewer attributes):
+#: what the predicates below read
+SpanLike = SpanRecord | Mapping[str, Any]
+
+# --- what a span means (the one place; the lake's columns, the SQLite index, the CLI and the ----
+# --- viewer ask here; compaction's row builders inline the same tests, checked equal by ---------
+# --- tests/unit/test_record_meaning.py) ----------------------------------------------------------
 
 from otel_verl import semconv  # noqa: E402 - the types above stand alone
 
-_LLM_OPERATIONS = ("chat", "text_completion", "generate_content")
+#: the ``gen_ai.operation.name`` values of a model call (a tuple: an attribute may be a list,
+#: which a set would refuse to hash)
+LLM_OPERATIONS = (semconv.GenAIOperation.CHAT, semconv.GenAIOperation.TEXT_COMPLETION,
+                  semconv.GenAIOperation.GENERATE_CONTENT)
+_LLM_OPERATIONS = LLM_OPERATIONS
+_EXECUTE_TOOL = semconv.GenAIOperation.EXECUTE_TOOL
 _EXCEPTION_TYPE = "exception.type"
 _EXCEPTION_MESSAGE = "exception.message"
 #: attributes holding content (prompts, answers, tool arguments): kept out of the narrow columns
@@ -73,17 +88,17 @@ PAYLOAD_KEYS = frozenset({
 })
 
 
-def is_trajectory_span(span: SpanRecord) -> bool:
+def is_trajectory_span(span: SpanLike) -> bool:
     """The span ``rollout_trace_attr`` opens (``otel_verl.trajectory=True``)."""
     return span["attributes"].get(semconv.OTEL_VERL_TRAJECTORY) is True
 
 
-def is_sampling_report(span: SpanRecord) -> bool:
+def is_sampling_report(span: SpanLike) -> bool:
     """A worker's per-step sampling counts, not part of any trajectory."""
-    return span["name"] == semconv.SAMPLING_REPORT_SPAN and span["parent_span_id"] is None
+    return bool(span["name"] == semconv.SAMPLING_REPORT_SPAN and span["parent_span_id"] is None)
 
 
-def is_llm_span(span: SpanRecord) -> bool:
+def is_llm_span(span: SpanLike) -> bool:
     """A model call made by the rollout (the GenAI client span), not the engine's own span."""
     attributes = span["attributes"]
     operation = attributes.get(semconv.GEN_AI_OPERATION_NAME)
@@ -92,13 +107,14 @@ def is_llm_span(span: SpanRecord) -> bool:
     return bool(attributes.get(semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.LLM)
 
 
-def is_tool_span(span: SpanRecord) -> bool:
+def is_tool_span(span: SpanLike) -> bool:
+    """A tool call (``gen_ai.operation.name = execute_tool``, or OpenInference's TOOL kind)."""
     attributes = span["attributes"]
-    return bool(attributes.get(semconv.GEN_AI_OPERATION_NAME) == "execute_tool"
+    return bool(attributes.get(semconv.GEN_AI_OPERATION_NAME) == _EXECUTE_TOOL
                 or attributes.get(semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.TOOL)
 
 
-def is_tool_error(span: SpanRecord) -> bool:
+def is_tool_error(span: SpanLike) -> bool:
     """A tool call that failed: status ERROR, ``error.type``, or a result saying ``"ok": false``."""
     if not is_tool_span(span):
         return False
@@ -109,7 +125,7 @@ def is_tool_error(span: SpanRecord) -> bool:
     return isinstance(output, str) and '"ok":false' in output.replace(" ", "")
 
 
-def evaluation(span: SpanRecord) -> tuple[Any, Any]:
+def evaluation(span: SpanLike) -> tuple[Any, Any]:
     """``(score, label)`` of the span's first ``gen_ai.evaluation.result`` event with a score
     (label: the first with a label, event or attribute)."""
     score = label = None
@@ -125,7 +141,7 @@ def evaluation(span: SpanRecord) -> tuple[Any, Any]:
     return score, label
 
 
-def exception_text(span: SpanRecord) -> str | None:
+def exception_text(span: SpanLike) -> str | None:
     """The span's first exception (``type: message``), else its error status message."""
     for event in span["events"]:
         ev = event["attributes"]
@@ -133,4 +149,23 @@ def exception_text(span: SpanRecord) -> str | None:
             return f"{ev.get(_EXCEPTION_TYPE, 'exception')}: {ev.get(_EXCEPTION_MESSAGE, '')}"
     if span["status"]["code"] == "ERROR":
         return span["status"]["message"] or f"{span['name']} failed"
+    return None
+
+
+def first_label(spans: Iterable[SpanLike]) -> str | None:
+    """A trajectory's reward label: the first span's with one (:func:`evaluation`)."""
+    for span in spans:
+        if span["events"] or semconv.GEN_AI_EVALUATION_SCORE_LABEL in span["attributes"]:
+            label = evaluation(span)[1]
+            if label is not None:
+                return str(label)
+    return None
+
+
+def first_exception_text(spans: Iterable[SpanLike]) -> str | None:
+    """A trajectory's first error: the first span's with one (:func:`exception_text`)."""
+    for span in spans:
+        text = exception_text(span)
+        if text is not None:
+            return text
     return None

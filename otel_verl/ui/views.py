@@ -28,6 +28,7 @@ from otel_verl.store import (
     first_error,
     group_trajectories,
     is_llm_span,
+    is_tool_error,
     is_tool_span,
     prompt_and_response,
     reward_label,
@@ -249,9 +250,7 @@ def _tool(span: dict[str, Any]) -> dict[str, Any]:
             semconv.INPUT_VALUE)
     result = a.get(semconv.GEN_AI_TOOL_CALL_RESULT)
     output = _json(a.get(semconv.OUTPUT_VALUE))
-    ok = span["status"]["code"] != "ERROR"
-    if isinstance(output, dict) and output.get("ok") is False:
-        ok = False
+    ok = not is_tool_error(span)  # the rule the trajectory's tool_errors count by
     if result is None:
         result = output.get("text", output) if isinstance(output, dict) else a.get(
             semconv.OUTPUT_VALUE)
