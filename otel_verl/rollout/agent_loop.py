@@ -171,6 +171,10 @@ class ToolAgentLoop:
         request_id = uuid.uuid4().hex
         prompt_ids = self._render(messages, self.tool_schemas or None)
         response_ids: list[int] = []
+        # the engine's prompt (prompt + response so far), extended in place as verl's
+        # ``agent_data.prompt_ids`` is: never rebuilt per turn, so a turn allocates only what
+        # it adds (a fresh context-long list per turn is what each young GC collection scans)
+        context_ids = list(prompt_ids)
         response_mask: list[int] = []
         logprobs: list[float] | None = [] if sampling_params.get("logprobs") else None
         assistant_turns = user_turns = 0
@@ -193,12 +197,13 @@ class ToolAgentLoop:
                 t0 = time.perf_counter()
                 with chat_messages(list(messages)):
                     out = await self.client.generate(
-                        request_id, prompt_ids=prompt_ids + response_ids, sampling_params=sp
+                        request_id, prompt_ids=context_ids, sampling_params=sp
                     )
                 t_generate += time.perf_counter() - t0
                 assistant_turns += 1
                 new_ids = list(out.token_ids)[:budget]
                 response_ids += new_ids
+                context_ids += new_ids
                 response_mask += [1] * len(new_ids)
                 if logprobs is not None:
                     got = list(out.log_probs or [])[: len(new_ids)]
@@ -256,6 +261,7 @@ class ToolAgentLoop:
                     state = AgentState.TERMINATED
                     continue
                 response_ids += tool_ids
+                context_ids += tool_ids
                 response_mask += [0] * len(tool_ids)
                 if logprobs is not None:
                     logprobs += [0.0] * len(tool_ids)

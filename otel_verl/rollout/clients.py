@@ -342,11 +342,15 @@ class AsyncTokenClient(AsyncLLMClient):
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
     ) -> TokenOutput:
-        """Generate a continuation of ``prompt_ids``; ``request_id`` is the trajectory's id."""
+        """Generate a continuation of ``prompt_ids``; ``request_id`` is the trajectory's id.
+
+        A list is handed to the engine as it is, not copied (a context-long copy per turn is
+        what every young GC collection during the call would scan); ``_generate`` reads it
+        during the call and keeps no reference to it (the caller may extend it in place).
+        """
         span = self._llm_request(sampling_params, request_id)
-        out = await self._generate(
-            request_id, list(prompt_ids), sampling_params, self._request_headers()
-        )
+        ids = prompt_ids if type(prompt_ids) is list else list(prompt_ids)
+        out = await self._generate(request_id, ids, sampling_params, self._request_headers())
         if span is not None:
             self._finish_span(
                 span,
