@@ -231,21 +231,55 @@ def _budget(n: int, per: int) -> int:
     return 32 + n // per
 
 
+def _check_byte(literal: bytes, offset: int) -> tuple[int, int]:
+    """A byte of ``literal`` next to its gate: (where, relative to the gate, and its value)."""
+    if 0 < offset <= len(literal):  # the byte before the gate ("sk-": "k")
+        return -1, literal[offset - 1]
+    if offset == 0:  # the gate starts the literal ("://": "/")
+        return 1, literal[1]
+    return -offset, literal[0]  # the literal ends before the gate ("xox" + a letter + "-")
+
+
+def _gate_table(anchors: tuple[tuple[bytes, int, str], ...]
+                ) -> tuple[tuple[int, dict[int, tuple[tuple[bytes, int, str], ...]]], ...]:
+    """A gate's anchors by one byte each must have beside the gate: (relative position,
+    {byte: the anchors it admits}), so an occurrence is checked against the few anchors it
+    could start, not all of them."""
+    table: dict[int, dict[int, list[tuple[bytes, int, str]]]] = {}
+    for anchor in anchors:
+        where, byte = _check_byte(anchor[0], anchor[1])
+        table.setdefault(where, {}).setdefault(byte, []).append(anchor)
+    return tuple((where, {byte: tuple(group) for byte, group in by_byte.items()})
+                 for where, by_byte in table.items())
+
+
+_GATE_TABLES = {gate: _gate_table(anchors) for gate, anchors in _ANCHORS.items()}
+
+
 def _gated_starts(data: bytes, gate: bytes, anchors: tuple[tuple[bytes, int, str], ...]
                   ) -> list[tuple[int, bytes, str]] | None:
     """Where each anchor of ``gate`` starts in ``data`` (position, literal, rule), unsorted;
     None when the gate character is too frequent for a visit each."""
     found: list[tuple[int, bytes, str]] = []
-    budget = _budget(len(data), 2048)
+    table = _GATE_TABLES.get(gate) if anchors is _ANCHORS.get(gate) else None
+    if table is None:
+        table = _gate_table(anchors)
+    n = len(data)
+    budget = _budget(n, 2048)
     pos = data.find(gate)
     while pos != -1:
         budget -= 1
         if budget < 0:
             return None
-        for literal, offset, rule in anchors:
-            start = pos - offset
-            if start >= 0 and data.startswith(literal, start):
-                found.append((start, literal, rule))
+        for where, by_byte in table:
+            at = pos + where
+            if 0 <= at < n:
+                candidates = by_byte.get(data[at])
+                if candidates is not None:
+                    for literal, offset, rule in candidates:
+                        start = pos - offset
+                        if start >= 0 and data.startswith(literal, start):
+                            found.append((start, literal, rule))
         pos = data.find(gate, pos + 1)
     return found
 
@@ -849,6 +883,10 @@ class _UserPatterns:
 # --- spans ---------------------------------------------------------------------------------------
 
 
+#: attribute keys remembered per scrubber (a process sets a few dozen; a bound for any use)
+_MAX_KEYS = 4096
+
+
 class Scrubber:
     """The span-end redaction pass (see the module docstring). Thread-safe, never raises.
 
@@ -867,6 +905,10 @@ class Scrubber:
         #: strings exported as [REDACTED] whole because a user pattern could not run in time
         self.failed_closed = 0
         self._resources: dict[int, tuple[Resource, Resource, int]] = {}
+        #: attribute key -> (its scrubbed form or None when clean, redactions in it, is it a
+        #: sensitive name): the same few keys on every span (built-in rules only: user
+        #: patterns run under a time budget)
+        self._keys: dict[str, tuple[str | None, int, bool]] | None = None if patterns else {}
 
     def stats(self) -> dict[str, int]:
         """Counters: strings failed closed, patterns refused, cache hits and bytes held."""
@@ -932,11 +974,26 @@ class Scrubber:
         """Scrub keys and values; returns the same mapping when nothing changed."""
         if not attrs:
             return attrs, 0
+        keys = self._keys
         out: dict[str, Any] | None = None
         total = 0
         for key, value in attrs.items():
-            new_key, key_count = self.text(key) if type(key) is str else (key, 0)
-            new_value, count = self.value(key, value)
+            entry = keys.get(key) if keys is not None and type(key) is str else None
+            if entry is not None:
+                scrubbed_key, key_count, sensitive = entry
+                new_key = key if scrubbed_key is None else scrubbed_key
+                if type(value) is str and not sensitive:
+                    new_value, count = scrub(value)
+                else:
+                    new_value, count = self.value(key, value)
+            else:
+                new_key, key_count = self.text(key) if type(key) is str else (key, 0)
+                new_value, count = self.value(key, value)
+                if keys is not None and type(key) is str:
+                    if len(keys) >= _MAX_KEYS:
+                        keys.clear()
+                    keys[key] = (None if new_key is key else new_key, key_count,
+                                 is_sensitive_key(key))
             if key_count or count or new_key is not key or new_value is not value:
                 if out is None:
                     out = dict(attrs)
