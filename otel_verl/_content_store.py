@@ -337,14 +337,19 @@ class ContentStore:
 
     def release(self, owner: int, keep: bool) -> None:
         """``owner``'s held nodes: written (``keep``), or discarded where no other held
-        trajectory needs them (their budget given back)."""
+        trajectory needs them (their budget given back). Kept: the store's thread is woken
+        (once per kept trajectory, not per call): its nodes, queued as its spans are handed to
+        the batch processor, reach the file first as a rule (a SIGKILL between the two costs
+        content the spans refer to: the rebuild says "missing", never a wrong prompt)."""
         with self._lock:
+            promoted = False
             for content_id in self._held_by.pop(owner, ()):
                 held = self._held.get(content_id)
                 if held is None:  # written already (spilled, or wanted by another)
                     continue
                 if keep:
                     self._promote(content_id)
+                    promoted = True
                     continue
                 owners = tuple(o for o in held[2] if o != owner)
                 if owners:  # another held trajectory needs it still
@@ -356,6 +361,8 @@ class ContentStore:
                 self._reserved -= size
                 self.counts["content_discarded"] += 1
                 self.counts["content_discarded_bytes"] += size
+            if promoted:
+                self._wake.notify()
 
     def held(self) -> tuple[int, int]:
         """(nodes, bytes) held for provisional trajectories now."""
