@@ -5,10 +5,12 @@ For each size (``--sizes``, trajectories; 12 spans each, bench_ui's generator), 
   OTLP/JSON files), and DuckDB answering the overview question straight from the raw OTLP/JSON
   (``read_json`` + unnest: the floor without compaction);
 - compaction + index: ``compact`` (segments, payload segments, the trajectories cache) and
-  ``Lake.open``; as a ratio to the orjson parse. One thread decodes (the fsyncs of the
-  segment files wait on the disk in a few threads beside it). With ``--before`` (the default),
-  also compaction with the codec's decoder (``iter_spans`` -> ``SpanRecord`` ->
-  ``Columns.add``, what compaction did before ``store/_fastrows``), in the same run;
+  ``Lake.open``; as a ratio to the orjson parse. ``pyarrow.json`` parses with its threads, the
+  rest is one thread (the fsyncs of the segment files wait on the disk in a few threads beside
+  it). With ``--before`` (the default), also compaction with every line through
+  ``store/_fastrows`` (what compaction did before ``store/_arrowrows``), and with ``--codec``
+  through the codec's decoder (``iter_spans`` -> ``SpanRecord`` -> ``Columns.add``, before
+  ``store/_fastrows``), interleaved in the same run;
 - overview (``Lake.steps``, warm) and its cost including ``Lake.open`` (a fresh process);
 - trajectory page: ``Lake.trajectory`` of random traces (median of 30, warm);
 - ``otel-verl traces list --step N`` through the CLI (in process, the store compacted), median
@@ -16,7 +18,7 @@ For each size (``--sizes``, trajectories; 12 spans each, bench_ui's generator), 
 - sizes: span segments + trajectories cache against the store, payload segments apart.
 Per-trajectory slopes between the sizes extrapolate to 100k and 1M trajectories.
 
-Run: python bench/bench_lake.py [--sizes 10000,30000] [--keep DIR] [--no-before]
+Run: python bench/bench_lake.py [--sizes 10000,30000] [--keep DIR] [--no-before] [--codec]
 """
 
 from __future__ import annotations
@@ -140,6 +142,18 @@ def _today(store: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
+def _fastrows_decoder() -> Any:
+    """Compaction with every line through store/_fastrows (the decoder before store/_arrowrows)."""
+    from otel_verl.store import _compact
+
+    _compact.ARROW_ROWS = False
+    try:
+        yield
+    finally:
+        _compact.ARROW_ROWS = True
+
+
+@contextlib.contextmanager
 def _codec_decoder() -> Any:
     """Compaction through the codec's typed records (the decoder before store/_fastrows)."""
     from otel_verl.store import _compact
@@ -153,7 +167,7 @@ def _codec_decoder() -> Any:
 
 
 def measure(store: str, trajectories: int, today: bool, before: bool = True,
-            repeat: int = 2) -> dict[str, float]:
+            repeat: int = 2, codec: bool = False) -> dict[str, float]:
     spans = generate_store(store, trajectories)
     store_bytes = _size(store)
     old = _today(store) if today else {}
@@ -169,6 +183,14 @@ def measure(store: str, trajectories: int, today: bool, before: bool = True,
     compaction = math.inf
     for i in range(repeat):
         if before:
+            with _fastrows_decoder():
+                low("compact_fastrows_s", _cpu_timed("compact", lambda: compact(
+                    store, live_bytes=0))[0])
+            low("compact_fastrows_cpu_s", _CPU["compact"])
+            shutil.rmtree(lake_dir(store))
+            parse = min(parse, _orjson_parse(store))
+            low("parse_cpu_s", _CPU["parse"])
+        if codec:
             with _codec_decoder():
                 low("compact_codec_s", _cpu_timed("compact", lambda: compact(
                     store, live_bytes=0))[0])
@@ -227,7 +249,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2,
                         help="compactions per decoder (interleaved; the minimum is reported)")
     parser.add_argument("--no-before", dest="before", action="store_false",
-                        help="skip compaction with the codec's decoder (the figure before)")
+                        help="skip compaction with store/_fastrows's decoder (the figure before)")
+    parser.add_argument("--codec", action="store_true",
+                        help="also compaction with the codec's decoder (the one before that)")
     args = parser.parse_args()
     base = args.keep or tempfile.mkdtemp(prefix="bench_lake_")
     rows = []
@@ -236,7 +260,7 @@ def main() -> None:
             store = os.path.join(base, f"store-{n}")
             shutil.rmtree(store, ignore_errors=True)
             rows.append(measure(store, n, today=not rows, before=args.before,
-                                repeat=args.repeat))
+                                repeat=args.repeat, codec=args.codec))
             r = rows[-1]
             print(f"{n} trajectories ({r['spans']} spans, {r['store_mb']:.0f} MB): "
                   + ", ".join(f"{k} {v:.4g}" for k, v in r.items()
@@ -260,6 +284,11 @@ def main() -> None:
         print(f"| the same in CPU seconds (all threads), {r['trajectories']:,} traj. | "
               f"{r['compact_cpu_s']:.2f} s vs {r['parse_cpu_s']:.2f} s = "
               f"{r['compact_cpu_s'] / r['parse_cpu_s']:.1f}x | |")
+        if "compact_fastrows_s" in r:
+            print(f"| the same, compaction through store/_fastrows (before), "
+                  f"{r['trajectories']:,} traj. | {r['compact_fastrows_s'] + r['open_s']:.2f} s "
+                  f"= {(r['compact_fastrows_s'] + r['open_s']) / r['parse_s']:.1f}x (CPU "
+                  f"{r['compact_fastrows_cpu_s'] / r['parse_cpu_s']:.1f}x) | |")
         if "compact_codec_s" in r:
             print(f"| the same, compaction through the codec's decoder (before), "
                   f"{r['trajectories']:,} traj. | {r['compact_codec_s'] + r['open_s']:.2f} s = "

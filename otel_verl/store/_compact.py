@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 
 from otel_verl._otlp_json import iter_spans
 from otel_verl.store import list_files
+from otel_verl.store._arrowrows import add_stretch
 from otel_verl.store._fastrows import add_resource_spans
 from otel_verl.store._record import SpanRecord
 from otel_verl.store._schema import Columns
@@ -74,6 +75,9 @@ ROW_GROUP = 256
 LIVE_BYTES = 64 << 20
 #: a foreign host's file counts as closed after this long without a change
 IDLE_S = 600.0
+#: whole stretches of lines go through pyarrow.json and Arrow compute (store/_arrowrows) when
+#: they hold only what the writers produce; False: every line through store/_fastrows
+ARROW_ROWS = True
 _NAME = re.compile(r"otel_verl-(?P<host>.+)-(?P<pid>\d+)-\d{8}T\d{9}Z(?:-\d+)?\.jsonl$")
 
 
@@ -194,6 +198,11 @@ def _decode_range(path: str, start: int, stop: int | None, columns: Columns, sou
             problems.append(f"{path}:{end}: truncated last line")
     pos = 0
     limit = last + 1
+    if add_line is _add_line and ARROW_ROWS and limit > 0:
+        lines = add_stretch(columns, data[:limit] if limit < len(data) else data, start, source)
+        if lines is not None:
+            counts["lines"] = counts.get("lines", 0) + lines
+            return end
     bad: list[str] = []
     while pos < limit:
         nl = data.index(b"\n", pos)
@@ -489,19 +498,19 @@ def _write_chunk(lake: str, columns: Columns, name: str,
     # of them finish before any rename, so the crash-safety order is the same)
     syncs = _Syncs()
     spans = columns.table()
-    for trace, exp, step in zip(columns.cols["TraceId"], columns.cols["experiment"],
-                                columns.cols["step"], strict=True):
+    span_keys = [spans.column(c).to_pylist() for c in ("TraceId", "experiment", "step")]
+    for trace, exp, step in zip(*span_keys, strict=True):
         if step is not None:
             trace_part.setdefault(trace, (exp, step))
     for kind, table, keep in (("spans", spans, out[0]),
                               ("payload", columns.payload_table(), out[1])):
         if table.num_rows == 0:
             continue
-        traces = table.column("TraceId").to_pylist()
+        keys = span_keys if kind == "spans" else [
+            table.column(c).to_pylist() for c in ("TraceId", "experiment", "step")]
         names: dict[tuple[Any, Any], str] = {}
         parts = []
-        for trace, exp, step in zip(traces, table.column("experiment").to_pylist(),
-                                    table.column("step").to_pylist(), strict=True):
+        for trace, exp, step in zip(*keys, strict=True):
             key = (exp, step) if step is not None or exp is not None \
                 else trace_part.get(trace, (None, None))
             part = names.get(key)

@@ -213,13 +213,31 @@ class Columns:
         self.resources: list[tuple[list[str], list[str]]] = []
         self.payload: dict[str, list[Any]] = {name: [] for name in PAYLOAD_SCHEMA.names}
         self._column_cache: dict[str, list[Any]] | None = None
+        # rows built as Arrow tables (otel_verl.store._arrowrows), in order with the tuples:
+        # the tuples gathered before a table are turned into tables first
+        self.tables: list[tuple[pa.Table, pa.Table]] = []
+        self._table_rows = 0
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + self._table_rows
+
+    def add_tables(self, spans: pa.Table, payload: pa.Table) -> None:
+        """Span rows and their payload rows already in Arrow (after the rows added so far)."""
+        if self.rows:
+            self.tables.append((self._rows_table(), self._rows_payload_table()))
+            self._table_rows += len(self.rows)
+            self.rows = []
+            self.maps = {"SpanAttributes": ([0], [], [])}
+            self.resources = []
+            self.payload = {name: [] for name in PAYLOAD_SCHEMA.names}
+            self._column_cache = None
+        self.tables.append((spans, payload))
+        self._table_rows += spans.num_rows
 
     @property
     def cols(self) -> dict[str, list[Any]]:
-        """The rows as columns (the map columns apart, in :attr:`maps`)."""
+        """The tuple rows as columns (the map columns apart, in :attr:`maps`; the rows added as
+        tables are not in them)."""
         if self._column_cache is None or len(self._column_cache["SpanId"]) != len(self.rows):
             columns = list(zip(*self.rows, strict=True)) if self.rows else \
                 [() for _ in _ROW_NAMES]
@@ -322,6 +340,22 @@ class Columns:
             p["step"].append(step)
 
     def table(self) -> pa.Table:
+        if not self.tables:
+            return self._rows_table()
+        parts = [spans for spans, _ in self.tables]
+        if self.rows:
+            parts.append(self._rows_table())
+        return pa.concat_tables(parts)
+
+    def payload_table(self) -> pa.Table:
+        if not self.tables:
+            return self._rows_payload_table()
+        parts = [payload for _, payload in self.tables]
+        if self.rows:
+            parts.append(self._rows_payload_table())
+        return pa.concat_tables(parts)
+
+    def _rows_table(self) -> pa.Table:
         columns = self.cols
         arrays = []
         for name, column_type in zip(SPAN_SCHEMA.names, SPAN_SCHEMA.types, strict=True):
@@ -352,7 +386,7 @@ class Columns:
                                          pa.array(values, pa.string()))
         return unique.take(pa.array(rows, pa.int32())) if len(index) != len(rows) else unique
 
-    def payload_table(self) -> pa.Table:
+    def _rows_payload_table(self) -> pa.Table:
         return pa.Table.from_pydict(self.payload, schema=PAYLOAD_SCHEMA)
 
 

@@ -1,25 +1,31 @@
-"""Compaction's one-pass decoder (store/_fastrows) builds the same rows as the codec's path
-(``iter_spans`` -> ``SpanRecord`` -> ``Columns.add``): every column of every row, the payload
-rows, the line counts and the problems, on the hostile store, the lake tests' GRPO store,
-bench_ui's generated store, and generated OTLP spans with damaged fields."""
+"""Compaction's decoders build the same rows as the codec's path (``iter_spans`` ->
+``SpanRecord`` -> ``Columns.add``): the one-pass decoder (store/_fastrows) and the columnar one
+(store/_arrowrows, pyarrow.json + Arrow compute, falling back to the first): every column of
+every row, the payload rows, the line counts and the problems, on the hostile store, the lake
+tests' GRPO store, bench_ui's generated store, generated OTLP spans with damaged fields, and
+generated canonical spans (which the columnar decoder must take)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_verl.store import list_files
+from otel_verl.store import _compact, list_files
+from otel_verl.store._arrowrows import add_stretch
 from otel_verl.store._compact import compact, decode_range, lake_dir
-from otel_verl.store._schema import Columns
+from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,25 +64,55 @@ def _ints(column: Any) -> Any:
     return column
 
 
-def _decode(paths: list[str], legacy: bool) -> tuple[Any, ...]:
+ARROW_STRETCHES = [0]  # stretches the last _decode took through store/_arrowrows
+
+
+@contextlib.contextmanager
+def _counting_arrow(enabled: bool) -> Iterator[None]:
+    real = _compact.add_stretch
+
+    def counted(*args: Any) -> int | None:
+        lines = real(*args)
+        ARROW_STRETCHES[0] += lines is not None
+        return lines
+
+    ARROW_STRETCHES[0] = 0
+    _compact.add_stretch = counted
+    _compact.ARROW_ROWS = enabled
+    try:
+        yield
+    finally:
+        _compact.add_stretch = real
+        _compact.ARROW_ROWS = True
+
+
+def _decode(paths: list[str], legacy: bool, arrow: bool = True) -> tuple[Any, ...]:
+    """The rows of ``paths``: through the codec (``legacy``), else store/_fastrows line by line
+    (``arrow=False``) or store/_arrowrows where it takes the stretch (the default)."""
     columns = Columns()
     counts: dict[str, int] = {}
     problems: list[str] = []
-    for path in paths:
-        decode_range(path, 0, None, columns, "src#0", counts, problems, _legacy=legacy)
+    with _counting_arrow(arrow):
+        for path in paths:
+            decode_range(path, 0, None, columns, "src#0", counts, problems, _legacy=legacy)
     spans, payload = columns.table(), columns.payload_table()
+    assert spans.schema == SPAN_SCHEMA and payload.schema == PAYLOAD_SCHEMA
     return ({name: _plain(_ints(spans.column(name)).to_pylist()) for name in spans.column_names},
             {name: _plain(payload.column(name).to_pylist()) for name in payload.column_names},
             counts, problems, spans.num_rows)
 
 
-def _assert_same_rows(paths: list[str], min_rows: int = 1) -> None:
-    old, new = _decode(paths, legacy=True), _decode(paths, legacy=False)
+def _assert_same_rows(paths: list[str], min_rows: int = 1, arrow_stretches: int = 0) -> None:
+    """The codec's rows = store/_fastrows' = store/_arrowrows' (which took at least
+    ``arrow_stretches`` stretches)."""
+    old = _decode(paths, legacy=True)
     assert old[4] >= min_rows
-    for name, column in old[0].items():
-        assert new[0][name] == column, name
-    assert new[1] == old[1]
-    assert new[2:] == old[2:]
+    for new in (_decode(paths, legacy=False, arrow=False), _decode(paths, legacy=False)):
+        for name, column in old[0].items():
+            assert new[0][name] == column, name
+        assert new[1] == old[1]
+        assert new[2:] == old[2:]
+    assert ARROW_STRETCHES[0] >= arrow_stretches
 
 
 def test_hostile_store_same_rows(tmp_path: Path) -> None:
@@ -89,9 +125,20 @@ def test_hostile_store_same_rows(tmp_path: Path) -> None:
     _assert_same_rows(paths, min_rows=40)
 
 
+def test_hostile_between_clean_files_same_rows_in_order(tmp_path: Path) -> None:
+    """Rows from the columnar decoder (tables) and from the per-line one (tuples) interleaved
+    in one Columns keep their order."""
+    H.write_good_store(tmp_path / "bad", 4)
+    H.poison_store(tmp_path / "bad")
+    L.write_store(tmp_path / "good", 3)
+    bad = [p for p in list_files(tmp_path / "bad") if ".otel_verl_lake" not in p]
+    good = list_files(tmp_path / "good")
+    _assert_same_rows([*bad, *good, *bad, *good], min_rows=80, arrow_stretches=2)
+
+
 def test_lake_store_same_rows(tmp_path: Path) -> None:
     L.write_store(tmp_path, 5)
-    _assert_same_rows(list_files(tmp_path), min_rows=50)
+    _assert_same_rows(list_files(tmp_path), min_rows=50, arrow_stretches=1)
 
 
 def test_bench_store_same_rows_and_compacts(tmp_path: Path) -> None:
@@ -104,7 +151,7 @@ def test_bench_store_same_rows_and_compacts(tmp_path: Path) -> None:
         sys.path.remove(str(ROOT / "bench"))
     spans = bench_ui.generate_store(str(tmp_path), 40)
     paths = list_files(tmp_path)
-    _assert_same_rows(paths, min_rows=spans)
+    _assert_same_rows(paths, min_rows=spans, arrow_stretches=2)
     stats = compact(tmp_path, live_bytes=0)
     assert stats.spans == spans
     assert Path(lake_dir(tmp_path), "manifest.v1").exists()
@@ -250,3 +297,154 @@ def test_generated_spans_same_rows(tmp_path_factory: Any, lines: list[bytes]) ->
     new = _decode([str(path)], legacy=False)
     assert new[0] == old[0]
     assert new[1:] == old[1:]
+
+
+# --- generated canonical spans: the columnar decoder takes them, with the same rows -----------
+
+_CANON_TEXT = st.one_of(st.text(max_size=12), _TEXTS, st.sampled_from(
+    ["chat", "TOOL", "LLM", "execute_tool", "text_completion", "é€😀", "a\\", 'q"', "null"]))
+_CANON_VALUE = st.one_of(
+    st.builds(lambda v: {"stringValue": v}, _CANON_TEXT),
+    st.builds(lambda v: {"intValue": str(v)}, st.integers(-(10**18) + 1, 10**18 - 1)),
+    st.builds(lambda v: {"doubleValue": v}, st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**60), 2**60))),
+    st.builds(lambda v: {"boolValue": v}, st.booleans()))
+_CANON_KEYS = [*_KEYS, "rollout.reward.correct", "rollout.sampling.dropped",
+               "gen_ai.tool.call.result", "gen_ai.output.messages", "x" * 3]
+
+
+@st.composite
+def _canonical_attributes(draw: Any, max_size: int = 10) -> list[dict[str, Any]]:
+    keys = draw(st.lists(st.sampled_from(_CANON_KEYS), max_size=max_size, unique=True))
+    return [{"key": k, "value": draw(_CANON_VALUE)} for k in keys]
+
+
+@st.composite
+def _canonical_span(draw: Any, n: int) -> dict[str, Any]:
+    span: dict[str, Any] = {
+        "traceId": f"{draw(st.integers(1, 3)):032x}", "spanId": f"{n + 1:016x}",
+        "name": draw(st.sampled_from(["agent_loop", "rollout.sampling_report", "", "é"])),
+        "kind": draw(st.integers(0, 5)),
+        "startTimeUnixNano": str(draw(st.integers(0, 2**63 - 1))),
+        "endTimeUnixNano": str(draw(st.integers(0, 2**63 - 1))),
+        "attributes": draw(_canonical_attributes()),
+        "status": draw(st.sampled_from([{}, {"code": 0}, {"code": 1}, {"code": 2},
+                                        {"code": 2, "message": "boom"}, {"message": "m"}])),
+        "flags": 256}
+    for field, values in (
+            ("parentSpanId", st.sampled_from(["", "0" * 16, "ab" * 8, f"{n + 7:016x}"])),
+            ("events", st.lists(st.builds(
+                lambda name, time, attributes: {"name": name, "timeUnixNano": time,
+                                                "attributes": attributes},
+                st.sampled_from(["gen_ai.evaluation.result", "exception", "other"]),
+                st.integers(0, 2**64 - 1).map(str),
+                st.lists(st.sampled_from([
+                    {"key": "gen_ai.evaluation.score.value", "value": {"doubleValue": 0.5}},
+                    {"key": "gen_ai.evaluation.score.value", "value": {"intValue": "1"}},
+                    {"key": "gen_ai.evaluation.score.label", "value": {"stringValue": "ok"}},
+                    {"key": "exception.type", "value": {"stringValue": "ValueError"}},
+                    {"key": "exception.message", "value": {"stringValue": "bad"}}]),
+                    max_size=3)), max_size=2)),
+            ("links", st.just([])), ("traceState", st.just("k=v")),
+            ("droppedAttributesCount", st.just(0))):
+        if draw(st.booleans()):
+            span[field] = draw(values)
+    for field in ("startTimeUnixNano", "endTimeUnixNano", "name", "kind", "status", "attributes"):
+        if draw(st.integers(0, 9)) == 0:
+            del span[field]
+    return span
+
+
+@st.composite
+def _canonical_line(draw: Any) -> bytes:
+    count = draw(st.integers(0, 4))
+    spans = [draw(_canonical_span(i)) for i in range(count)]
+    scope = draw(st.sampled_from([{"name": "s", "version": "1"}, {"name": "s"}, {}]))
+    rs: dict[str, Any] = {"resource": {"attributes": draw(_canonical_attributes(4))},
+                          "scopeSpans": [{"scope": scope, "spans": spans}]}
+    if draw(st.integers(0, 4)) == 0:
+        rs = {"scopeSpans": [{"spans": spans[:1]}, {"scope": scope, "spans": spans[1:]}]}
+    return json.dumps({"resourceSpans": [rs] * draw(st.integers(1, 2))},
+                      ensure_ascii=draw(st.booleans())).encode()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.data_too_large])
+@given(lines=st.lists(_canonical_line(), min_size=1, max_size=4))
+def test_canonical_spans_columnar_same_rows(tmp_path_factory: Any, lines: list[bytes]) -> None:
+    """What the writers produce, every field and value type drawn: the columnar decoder takes
+    every such stretch, and its rows are the codec's."""
+    path = tmp_path_factory.mktemp("canon") / "otel_verl-canon.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    old = _decode([str(path)], legacy=True)
+    new = _decode([str(path)], legacy=False)
+    assert ARROW_STRETCHES[0] == 1
+    assert new[0] == old[0]
+    assert new[1:] == old[1:]
+
+
+_GOOD = {"resourceSpans": [{"resource": {"attributes": [
+    {"key": "service.name", "value": {"stringValue": "svc"}}]}, "scopeSpans": [{
+        "scope": {"name": "s"}, "spans": [{
+            "traceId": "ab" * 16, "spanId": "cd" * 8, "name": "n", "kind": 1,
+            "startTimeUnixNano": "1", "endTimeUnixNano": "2", "status": {},
+            "attributes": [{"key": "rollout.step", "value": {"intValue": "3"}},
+                           {"key": "k", "value": {"stringValue": "v"}}]}]}]}]}
+
+
+def _good_line(**span: Any) -> bytes:
+    line = copy.deepcopy(_GOOD)
+    target = line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    for key, value in span.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+    return json.dumps(line).encode()
+
+
+_REFUSED = {
+    "two values on one line": _good_line() + _good_line(),
+    "a blank line": _good_line() + b"\n\n" + _good_line(),
+    "a null field": _good_line().replace(b'"name": "n"', b'"name": null'),
+    "intValue as a JSON number": _good_line().replace(b'"intValue": "3"', b'"intValue": 3'),
+    "a 19-digit intValue": _good_line().replace(b'"intValue": "3"',
+                                                b'"intValue": "1000000000000000000"'),
+    "arrayValue": _good_line(attributes=[{"key": "a", "value": {"arrayValue": {"values": []}}}]),
+    "two members": _good_line(attributes=[{"key": "a", "value": {"stringValue": "x",
+                                                                  "intValue": "1"}}]),
+    "no member": _good_line(attributes=[{"key": "a", "value": {}}]),
+    "a repeated key": _good_line(attributes=[{"key": "a", "value": {"stringValue": "x"}},
+                                             {"key": "a", "value": {"stringValue": "y"}}]),
+    "a lone surrogate": _good_line(name="\ud800"),
+    "NaN": _good_line().replace(b'"intValue": "3"', b'"doubleValue": NaN'),
+    "a link": _good_line(links=[{"traceId": "ab" * 16, "spanId": "cd" * 8}]),
+    "upper-case hex": _good_line(traceId="AB" * 16),
+    "a zero span id": _good_line(spanId="0" * 16),
+    "a base64 id": _good_line(spanId="q83vEjRWeJA="),
+    "snake_case": _good_line(parent_span_id="ab" * 8),
+    "a time as a number": _good_line().replace(b'"startTimeUnixNano": "1"',
+                                               b'"startTimeUnixNano": 1'),
+    "a time past int64": _good_line(startTimeUnixNano=str(2**63)),
+    "an unknown kind": _good_line(kind=7),
+    "an unknown status": _good_line(status={"code": 3}),
+    "no resourceSpans": b'{"resource_spans": []}',
+    "a top-level list": b"[]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_REFUSED))
+def test_columnar_refuses_unusual_stretches(tmp_path: Path, name: str) -> None:
+    """Each unusual shape sends the stretch to the per-line decoder, with nothing appended, and
+    the rows are still the codec's."""
+    data = _good_line() + b"\n" + _REFUSED[name] + b"\n"
+    columns = Columns()
+    assert add_stretch(columns, _good_line() + b"\n", 0, "s") == 1  # the clean line alone: taken
+    columns = Columns()
+    assert add_stretch(columns, data, 0, "s") is None
+    assert len(columns) == 0 and not columns.tables
+    path = tmp_path / "otel_verl-refused.jsonl"
+    path.write_bytes(data)
+    old, new = _decode([str(path)], legacy=True), _decode([str(path)], legacy=False)
+    assert ARROW_STRETCHES[0] == 0
+    assert new == old
