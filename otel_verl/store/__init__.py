@@ -692,9 +692,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     **{name: ("_query", name) for name in ("Lake", "LakeState")},
     **{name: ("_compact", name) for name in ("Manifest", "compact", "main_progress",
                                              "pending_bytes")},
-    **{name: ("_index", name) for name in ("IndexStats", "StoreIndex", "default_index_path",
-                                           "first_error", "prompt_and_response",
-                                           "reward_label")},
+    **{name: ("_index", name) for name in ("IndexStats", "StoreIndex", "answer_text",
+                                           "default_index_path", "first_error",
+                                           "prompt_and_response", "reward_label")},
     **{name: ("_record", name) for name in ("is_llm_span", "is_tool_error", "is_tool_span")},
     "decode_quietly": ("_index", "_quiet_decode"),
     "json_or_none": ("_index", "_json_or_none"),
@@ -727,6 +727,7 @@ if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads th
     from otel_verl.store._index import StoreIndex as StoreIndex
     from otel_verl.store._index import _json_or_none as json_or_none  # noqa: F401
     from otel_verl.store._index import _quiet_decode as decode_quietly  # noqa: F401
+    from otel_verl.store._index import answer_text as answer_text
     from otel_verl.store._index import default_index_path as default_index_path
     from otel_verl.store._index import first_error as first_error
     from otel_verl.store._index import prompt_and_response as prompt_and_response

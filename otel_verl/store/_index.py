@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -75,7 +76,7 @@ __all__ = ["TRAJECTORY_COLUMNS", "BadRequest", "IndexStats", "StoreIndex", "defa
 
 _logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "5"  # 5: a tool error marked by the record's rule (is_tool_error)
+SCHEMA_VERSION = "6"  # 5: a tool error marked by the record's rule; 6: answers via answer_text
 #: bytes of a file's head and of the stretch before the indexed offset that identify its content
 _PRINT = 4096
 #: the attribute the tail sampler sets: how many trajectories this one stands for
@@ -267,6 +268,28 @@ def _message_text(message: Any) -> str:
     return "" if content is None else str(content)
 
 
+#: the special tokens a decoded answer ends with (ChatML's ``<|im_end|>``, Llama 3's
+#: ``<|eot_id|>``, ``<|endoftext|>``, ``</s>``, Gemma's ``<end_of_turn>``), one or several, with
+#: the white space after them
+_TRAILING_SPECIAL = re.compile(
+    r"(?:<\|[A-Za-z0-9_.:-]{1,40}\|>|</s>|<eos>|<end_of_turn>)"
+    r"(?:\s*(?:<\|[A-Za-z0-9_.:-]{1,40}\|>|</s>|<eos>|<end_of_turn>))*\s*\Z")
+
+
+def answer_text(text: str) -> str:
+    """A decoded answer as the conversation shows it: without the special tokens it ends with.
+
+    ``token2text`` decodes every token (``skip_special_tokens=False``, so the trace shows what the
+    model produced), and its ``response_text`` ends with the end-of-turn token; the agent loop's
+    messages (the trajectory page's conversation) were decoded without them. The trajectory
+    table, the prompt-through-training page and the search text take the answer through here, as
+    the conversation does, so they show the same words. Tokens inside the text are kept.
+    """
+    if not text.rstrip().endswith(">"):
+        return text
+    return _TRAILING_SPECIAL.sub("", text)
+
+
 def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
     """The user prompt and final answer a span's payloads show, when they show one.
 
@@ -303,7 +326,7 @@ def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
                 if answers:
                     response = answers[-1]
             if response is None and isinstance(value.get("response_text"), str):
-                response = value["response_text"]
+                response = answer_text(value["response_text"])
     for key, is_input in ((semconv.GEN_AI_INPUT_MESSAGES, True),
                           (semconv.GEN_AI_OUTPUT_MESSAGES, False)):
         raw = attributes.get(key)

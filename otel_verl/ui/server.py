@@ -46,6 +46,7 @@ from otel_verl.ui import assets, views
 from otel_verl.ui.views import (
     Source,
     group_view,
+    live_view,
     overview_view,
     prompt_view,
     trajectory_view,
@@ -165,7 +166,7 @@ def api(index: Source, route: str, query: dict[str, str]) -> Any:
     if route == "live":  # the workers' live files (docs/live.md), not the index
         from otel_verl.store import live_board
 
-        return live_board(index.trace_dir)
+        return live_view(live_board(index.trace_dir))
     if route == "prompt":
         sample = _int(query, "sample_index")
         return None if sample is None else prompt_view(index, experiment, sample,

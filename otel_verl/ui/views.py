@@ -25,6 +25,7 @@ from otel_verl import semconv
 from otel_verl.store import (
     BadRequest,
     Trajectory,
+    answer_text,
     first_error,
     group_trajectories,
     is_llm_span,
@@ -35,7 +36,7 @@ from otel_verl.store import (
 )
 from otel_verl.store import json_or_none as _json
 
-__all__ = ["BadRequest", "Source", "group_view", "overview_view", "prompt_view",
+__all__ = ["BadRequest", "Source", "group_view", "live_view", "overview_view", "prompt_view",
            "trajectory_view"]
 
 _logger = logging.getLogger(__name__)
@@ -202,7 +203,10 @@ def _messages(t: Trajectory) -> list[dict[str, Any]]:
                 value = _json(text)
                 if isinstance(value, dict):
                     text = value.get("text") or value.get("content") or text
-                best.append({"role": "assistant", "content": "" if text is None else text})
+                # the answer as the trajectory table shows it (no trailing end-of-turn token)
+                best.append({"role": "assistant",
+                             "content": answer_text(text) if isinstance(text, str) else
+                             "" if text is None else text})
     out = []
     for message in best:
         if not isinstance(message, dict):
@@ -417,3 +421,29 @@ def prompt_view(index: Source, experiment: str | None, sample_index: int,
     page = index.trajectories(experiment=experiment, sample_index=sample_index,
                               validate=validate, order="step", page_size=5000)
     return _plain({"rows": page["rows"], "total": page["total"]})
+
+
+def live_view(board: dict[str, Any]) -> dict[str, Any]:
+    """The Live board (:func:`otel_verl.store.live_board`) with the counts its header and its
+    workers' table show, counted from the same ops its table lists.
+
+    A trajectory in flight is a row of the ops table too (its own span, in italics), stuck as
+    soon as one of its ops is; the counts keep the two apart, so the STUCK rows are
+    ``trajectories_stuck + ops_stuck``: ``counts`` for the whole board, and per worker
+    ``stuck_trajectories`` and ``stuck_ops`` (the store's ``stuck`` counts both together).
+    """
+    ops = board.get("ops") or []
+    counts = {"trajectories": 0, "trajectories_stuck": 0, "ops": 0, "ops_stuck": 0}
+    per_worker: dict[Any, dict[str, int]] = {}
+    for op in ops:
+        what = "trajectories" if op.get("trajectory") else "ops"
+        counts[what] += 1
+        mine = per_worker.setdefault(op.get("worker"), {"stuck_trajectories": 0,
+                                                        "stuck_ops": 0})
+        if op.get("stuck"):
+            counts[what + "_stuck"] += 1
+            mine["stuck_" + what] += 1
+    workers = [{**w, **per_worker.get(w.get("worker"), {"stuck_trajectories": 0,
+                                                          "stuck_ops": 0})}
+               for w in board.get("workers") or []]
+    return _plain({**board, "workers": workers, "counts": counts})

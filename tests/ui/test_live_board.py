@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import sys
 import threading
@@ -130,6 +131,26 @@ def test_live_board_shows_the_stuck_tool_first_and_drops_it_when_done(page, tmp_
         waits = [row.locator("td").nth(8).inner_text() for row in stuck.all()[1:]]
         assert waits and all(w == "BaseTool.execute" for w in waits), waits
         assert "stuck" in page.locator('[data-testid="live-summary"]').inner_text()
+        # the header's counts are the rows' (read in one go: the board redraws every second):
+        # the trajectory's own row (in italics) and its ops, each counted apart, and the
+        # worker's row the same two counts
+        board = page.evaluate("""() => {
+            const q = (s) => [...document.querySelectorAll(s)];
+            const stuck = q('[data-testid="live-stuck"]');
+            return {summary: document.querySelector('[data-testid="live-summary"]').textContent,
+                    trajectories: stuck.filter((r) => r.children[5].querySelector('em')).length,
+                    ops: stuck.filter((r) => !r.children[5].querySelector('em')).length,
+                    worker: q('[data-testid="live-workers"] tr').slice(1).map(
+                        (r) => [...r.children].map((c) => c.textContent))};
+        }""")
+        found = re.search(r"in flight: (\d+) trajector(?:y|ies) \((\d+) stuck\), (\d+) ops? "
+                          r"\((\d+) stuck\)", board["summary"])
+        assert found, board["summary"]
+        assert (int(found[2]), int(found[4])) == (board["trajectories"], board["ops"]), board
+        assert board["trajectories"] >= 1 and board["ops"] >= 1, board
+        ((*_, stuck_trajectories, stuck_ops),) = board["worker"]
+        assert (int(stuck_trajectories), int(stuck_ops)) == (
+            board["trajectories"], board["ops"]), board
         shot(page, artifacts, "ui-live")
         (ROOT / "docs" / "img").mkdir(exist_ok=True)
         shutil.copy(artifacts / "ui-live.png", ROOT / "docs" / "img" / "ui-live.png")

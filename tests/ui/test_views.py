@@ -7,6 +7,7 @@ import json
 import shutil
 import statistics
 import time
+import urllib.parse
 from collections import defaultdict
 
 import pytest
@@ -203,6 +204,16 @@ def test_prompt_through_training(page, ui, trajectories, artifacts):
     expect(page.get_by_test_id("prompt-text")).to_contain_text("Use the calculator")
     expect(page.locator("[data-testid=chart-prompt] .main-svg").first).to_be_visible()
     shot(page, artifacts, "prompt")
+    # each answer is the one its trajectory page's conversation ends with (token2text's
+    # response_text ends with the raw end-of-turn token; the conversation has none)
+    answers = cells(page, "prompt-table", 5)
+    assert answers and not [a for a in answers if "<|" in a], answers
+    links = page.get_by_test_id("prompt-table").locator("tbody tr td:nth-child(3) a")
+    hrefs = links.evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    for answer, link in list(zip(answers, hrefs, strict=True))[:3]:
+        goto(page, ui.url, urllib.parse.unquote(link))
+        last = page.locator(".msg.role-assistant pre.content").last
+        expect(last).to_have_text(answer)
 
 
 def test_compare_two_trajectories(page, ui, trajectories, artifacts):

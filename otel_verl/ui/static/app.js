@@ -825,15 +825,18 @@
       return;
     }
     const board = await api('live');
-    const ops = board.ops.filter((o) => !o.trajectory);
-    const stuck = board.ops.filter((o) => o.stuck && !o.trajectory).length;
+    // the server's counts (views.live_view), from the rows below: a trajectory in flight is a
+    // row too (its own span, in italics), so the STUCK rows are its stuck trajectories plus
+    // its stuck ops, each counted apart
+    const n = board.counts;
     const lost = board.workers.filter((w) => w.lost).length;
+    const many = (k, one, more) => `${k} ${k === 1 ? one : more}`;
     main.append(h('p', testid('live-summary'),
-      `${board.workers.length} worker(s)${lost ? ` (${lost} lost)` : ''} · ` +
-      `${board.ops.filter((o) => o.trajectory).length} trajectories and ${ops.length} ops in ` +
-      `flight · ${stuck} stuck`));
+      `${board.workers.length} worker(s)${lost ? ` (${lost} lost)` : ''} · in flight: ` +
+      `${many(n.trajectories, 'trajectory', 'trajectories')} (${n.trajectories_stuck} stuck), ` +
+      `${many(n.ops, 'op', 'ops')} (${n.ops_stuck} stuck)`));
     const cell = (v) => h('td', {}, v === null || v === undefined ? '—' : String(v));
-    main.append(h('h3', {}, 'In flight per step'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-steps')),
+    main.append(h('h3', {}, 'Trajectories in flight per step'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-steps')),
       h('tr', {}, ['step', 'experiment', 'traced', 'unsampled', 'stuck'].map((t) => h('th', {}, t))),
       board.steps.map((s) => h('tr', {}, cell(s.step), cell(s.experiment), cell(s.traced),
         cell(s.unsampled), cell(s.stuck))))));
@@ -849,10 +852,12 @@
         cell(o.elapsed_s.toFixed(1) + ' s'), cell(o.waiting_on ? o.waiting_on.name : null),
         cell(o.request_id))))));
     main.append(h('h3', {}, 'Workers'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-workers')),
-      h('tr', {}, ['worker', 'state', 'heartbeat', 'trajectories', 'stuck'].map((t) => h('th', {}, t))),
+      h('tr', {}, ['worker', 'state', 'heartbeat', 'trajectories', 'stuck trajectories',
+        'stuck ops'].map((t) => h('th', {}, t))),
       board.workers.map((w) => h('tr', {}, cell(w.worker),
         h('td', {}, w.lost ? h('strong', {class: 'error'}, 'lost') : 'live'),
-        cell(w.heartbeat_age_s.toFixed(1) + ' s ago'), cell(w.trajectories), cell(w.stuck))))));
+        cell(w.heartbeat_age_s.toFixed(1) + ' s ago'), cell(w.trajectories),
+        cell(w.stuck_trajectories), cell(w.stuck_ops))))));
     if (board.straggler_reports.length) {
       main.append(h('h3', {}, 'Straggler reports'), scroll(h('table', Object.assign({class: 'grid'}, testid('live-stragglers')),
         h('tr', {}, ['step', 'trajectories', 'median', 'tail wait', 'slowest', 'dominant op']
