@@ -299,6 +299,8 @@ def _runs(mask: bytes, run: bytes) -> Iterator[tuple[int, int]]:
 
 #: the shortest secret of any prefixed rule: "xoxb-" and 10 characters
 _TOKEN_MIN = b"x" * 15
+_RUN20 = b"x" * 20
+_RUN40 = b"x" * 40
 
 
 class _Finder:
@@ -411,11 +413,12 @@ class _Finder:
         """The 40-hex W&B key (optionally ``local-``) and AWS access key ids, from byte masks."""
         text, data, spans = self.text, self.ascii, self.spans
         runs = self.runs_mask()
-        if runs.find(_UPPER20.replace(b"U", b"x")) == -1:
+        if runs.find(_RUN20) == -1:
             return  # both shapes are runs of 20+ token characters
-        for pos, end in _runs(data.translate(_HEX_MASK), _HEX40):
-            if end - pos == 40:
-                spans.append((pos - 6 if text.startswith("local-", pos - 6) else pos, end))
+        if runs.find(_RUN40) != -1:  # 40 hex characters are a run of 40+ token characters
+            for pos, end in _runs(data.translate(_HEX_MASK), _HEX40):
+                if end - pos == 40:
+                    spans.append((pos - 6 if text.startswith("local-", pos - 6) else pos, end))
         for pos, _ in _runs(data.translate(_UPPER_MASK), _UPPER20):
             match = _RULE["aws_access_key_id"].match(text, pos)
             if match is not None and _boundary_ok(text, pos):
@@ -730,8 +733,17 @@ class _Cache:
 _CACHE = _Cache()
 
 
+#: strings no rule of the catalogue can match: lowercase hex ids (but the 40 of a W&B key),
+#: optionally ``-<number>`` (an engine's ``<request id>-<turn>``), and otel_verl's content ids
+#: (``tok:sha256:<64 hex>``): no anchor, no upper case, no 40-hex run, no sensitive name
+_CLEAN_ID = re.compile(r"(?:(?:tok|msg):sha256:)?(?:[0-9a-f]{1,39}|[0-9a-f]{41,256})"
+                       r"(?:-[0-9]{1,9})?")
+
+
 @functools.lru_cache(maxsize=4096)
 def _scrub_short(text: str) -> tuple[str | None, int]:
+    if _CLEAN_ID.fullmatch(text) is not None:
+        return None, 0
     out, count = _scrub(text, ())
     return (None, 0) if out is text else (out, count)
 

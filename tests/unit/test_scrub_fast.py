@@ -130,3 +130,70 @@ def test_spans_with_remembered_keys_are_still_redacted_and_counted():
     assert out.attributes["input.value"] == f"key {REDACTED}"
     assert out.events[0].attributes["input.value"] == f"password={REDACTED}"
     assert out.attributes[REDACTED_COUNT_KEY] == 2
+
+
+# --- ids no rule can match are not scanned ---------------------------------------------------------
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.from_regex(_scrub._CLEAN_ID, fullmatch=True))
+def test_what_passes_as_a_clean_id_is_what_the_full_scan_leaves_alone(text):
+    assert _scrub._scrub(text, ()) == (text, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hex40=st.text("0123456789abcdef", min_size=40, max_size=40),
+       form=st.sampled_from(["{}", "local-{}", "{}-3", "tok:sha256:{}", "x {}"]))
+def test_a_wandb_key_is_never_taken_for_an_id(hex40, form):
+    text = form.format(hex40)
+    assert _scrub._CLEAN_ID.fullmatch(text) is None
+    out, count = _scrub.scrub(text)
+    assert hex40 not in out and count == 1
+
+
+def test_content_and_request_ids_are_not_scanned(monkeypatch):
+    """otel_verl's content ids and an engine's ``<request id>-<turn>`` are on every LLM span,
+    each unique: each cost a full pass of the catalogue (~10 us)."""
+    _scrub._scrub_short.cache_clear()
+    scanned = []
+    real = _scrub._Finder
+
+    def finder(text):
+        scanned.append(text)
+        return real(text)
+
+    monkeypatch.setattr(_scrub, "_Finder", finder)
+    ids = ["tok:sha256:" + "3f" * 32, "msg:sha256:" + "a0" * 32, "7c744733359446e0901da4edd206a1f4-0",
+           "0123456789abcdef", "deadbeef" * 4]
+    for text in ids:
+        assert _scrub.scrub(text) == (text, 0)
+    assert scanned == []
+    assert _scrub.scrub("token:" + "3f" * 32)[1] == 1  # a sensitive name before it: scanned
+    assert scanned
+
+
+def _unprefixed_reference(text: str) -> list[tuple[int, int]]:
+    """The W&B and AWS shapes without the run-length gates."""
+    finder = _scrub._Finder(text)
+    data, spans = finder.ascii, finder.spans
+    for pos, end in _scrub._runs(data.translate(_scrub._HEX_MASK), _scrub._HEX40):
+        if end - pos == 40:
+            spans.append((pos - 6 if text.startswith("local-", pos - 6) else pos, end))
+    for pos, _ in _scrub._runs(data.translate(_scrub._UPPER_MASK), _scrub._UPPER20):
+        match = _scrub._RULE["aws_access_key_id"].match(text, pos)
+        if match is not None and _scrub._boundary_ok(text, pos):
+            spans.append(match.span())
+    return sorted(spans)
+
+
+_run_texts = st.lists(st.sampled_from(["0123456789abcdef" * 2, "0123456789", "abcdef", "ABCDEF",
+                                       "AKIAIOSFODNN7EXAMPLE", "local-", "-", "_", " ", '"', ":",
+                                       "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432", "é", "x"]),
+                      max_size=12).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=_run_texts)
+def test_unprefixed_shapes_are_found_as_without_the_gates(text):
+    finder = _scrub._Finder(text)
+    finder.unprefixed()
+    assert sorted(finder.spans) == _unprefixed_reference(text)
