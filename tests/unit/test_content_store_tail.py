@@ -223,10 +223,13 @@ async def agenerate(request_id, *, prompt_ids, sampling_params):
     return {"token_ids": [7, 8, 9]}
 
 
-def _group(n_rollouts: int, kept: set[int], step: int = 1) -> list[list[int]]:
+def _group(n_rollouts: int, kept: set[int], step: int = 1,
+           fail: set[int] | None = None) -> list[list[int]]:
     """One step's group, its rollouts interleaved on one loop: every rollout sends the shared
-    prompt, then its own long tool result; the rollouts in ``kept`` fail (``error.type``: the
-    ``errors`` rule keeps them). Returns what the kept ones sent, in order."""
+    prompt, then its own long tool result; the rollouts in ``fail`` (default: ``kept``) fail
+    (``error.type``: the ``errors`` rule keeps them). Returns what the rollouts in ``kept``
+    sent, in order."""
+    fail = kept if fail is None else fail
     sent: dict[int, list[list[int]]] = {}
 
     async def one(n: int) -> None:
@@ -238,6 +241,7 @@ def _group(n_rollouts: int, kept: set[int], step: int = 1) -> list[list[int]]:
             await agenerate("r", prompt_ids=ids, sampling_params={})
             if n in kept:
                 sent[n] = [list(SHARED), ids]
+            if n in fail:
                 otel_verl.set_trajectory_attribute(semconv.ERROR_TYPE, "tool_error")
 
     async def run() -> None:
@@ -245,6 +249,16 @@ def _group(n_rollouts: int, kept: set[int], step: int = 1) -> list[list[int]]:
 
     asyncio.run(run())
     return [prompt for n in sorted(sent) for prompt in sent[n]]
+
+
+def _live(tmp_path) -> tuple[list, list, int]:
+    """Flushed, while the run goes on (a live reader, as the Weave exporter reads the store;
+    the content a kept trajectory needs must not wait for the shutdown): (spans, the turns
+    rebuilt from the store, the store's bytes inflated)."""
+    assert RolloutTraceConfig.flush(10.0)
+    spans = list(read_spans(str(tmp_path), warn=False))
+    prompts = turn_prompts(spans, ContentIndex.load(tmp_path))
+    return spans, sorted(p.get("prompt") or [] for p in prompts), _inflated(tmp_path)
 
 
 def test_tail_mode_stores_the_kept_trajectory_only_and_it_rebuilds(tmp_path):
@@ -255,16 +269,16 @@ def test_tail_mode_stores_the_kept_trajectory_only_and_it_rebuilds(tmp_path):
                             tail_keep=["errors"])
     try:
         sent = _group(4, kept={3})
+        spans, rebuilt, stored = _live(tmp_path)
         stats = RolloutTraceConfig.stats()
     finally:
         RolloutTraceConfig.shutdown(10.0)
-    spans = list(read_spans(str(tmp_path), warn=False))
     roots = [s for s in spans if s["attributes"].get(semconv.OTEL_VERL_TRAJECTORY)]
     assert [r["attributes"][semconv.ROLLOUT_ROLLOUT_N] for r in roots] == [3]
-    prompts = turn_prompts(spans, ContentIndex.load(tmp_path))
-    assert sorted(p.get("prompt") for p in prompts) == sorted(sent)
+    assert rebuilt == sorted(sent)
     one = len(",".join(map(str, sent[-1]))) + 2  # the kept trajectory's whole content
-    assert _inflated(tmp_path) < 1.3 * one  # was ~2.1x: the dropped rollouts' tool results too
+    assert stored < 1.3 * one  # was ~1.75x: the dropped rollouts' tool results too
+    assert _inflated(tmp_path) == stored  # nothing more at the shutdown
     assert stats["content_dedup_hits"] >= 3  # the shared prompt, put once while held
     assert stats["content_discarded"] >= 3  # the dropped rollouts' tool results
 
@@ -278,8 +292,7 @@ def test_a_kept_trajectory_after_the_dropped_first_is_complete_in_later_steps(tm
                             tail_keep=["errors"])
     try:
         sent = _group(2, kept=set(), step=1)
-        RolloutTraceConfig.flush(10.0)
-        assert _inflated(tmp_path) == 0  # both dropped: nothing stored (turn 1 hashed off the loop)
+        assert _live(tmp_path)[2] == 0  # both dropped: nothing stored (turn 1 hashed off the loop)
         sent += _group(2, kept={1}, step=2)
 
         async def step3(n: int, trace: bool) -> None:  # held first, then a head-sampled one
@@ -292,12 +305,40 @@ def test_a_kept_trajectory_after_the_dropped_first_is_complete_in_later_steps(tm
 
         asyncio.run(both())
         sent.append(list(OTHER))
+        _spans, rebuilt, _stored = _live(tmp_path)
         stats = RolloutTraceConfig.stats()
     finally:
         RolloutTraceConfig.shutdown(10.0)
-    spans = list(read_spans(str(tmp_path), warn=False))
-    index = ContentIndex.load(tmp_path)
-    prompts = turn_prompts(spans, index)
-    assert sorted(p.get("prompt") for p in prompts) == sorted(sent)
+    assert rebuilt == sorted(sent)
     assert stats["content_discarded"] >= 2
     assert set(_content_store._HOLDING) <= before  # each of its trajectories was decided
+
+
+def test_a_group_kept_by_the_groups_rule_is_complete(tmp_path):
+    """The ``groups`` rule keeps all four rollouts once one fails: each waited for its group
+    with its content held, and each rebuilds (nothing of a kept group discarded)."""
+    RolloutTraceConfig.init("p", "e", "file", trace_dir=str(tmp_path), processor="simple",
+                            tail_keep=["errors", "groups"], group_size=4)
+    try:
+        sent = _group(4, kept={0, 1, 2, 3}, fail={2})
+        _spans, rebuilt, _stored = _live(tmp_path)
+        stats = RolloutTraceConfig.stats()
+    finally:
+        RolloutTraceConfig.shutdown(10.0)
+    assert rebuilt == sorted(sent) and len(sent) == 8
+    assert stats["content_discarded"] == 0
+
+
+def test_trajectories_spilled_from_a_full_tail_buffer_are_complete(tmp_path):
+    """A tail buffer too small for one trajectory exports each early (reason overflow): its
+    content is written then, and what it puts afterwards at once; every turn rebuilds."""
+    RolloutTraceConfig.init("p", "e", "file", trace_dir=str(tmp_path), processor="simple",
+                            tail_keep=["errors"], tail_buffer_bytes=1024)
+    try:
+        sent = _group(3, kept={0, 1, 2}, fail=set())
+        _spans, rebuilt, _stored = _live(tmp_path)
+        stats = RolloutTraceConfig.stats()
+    finally:
+        RolloutTraceConfig.shutdown(10.0)
+    assert stats["tail_spilled"] >= 3
+    assert rebuilt == sorted(sent) and len(sent) == 6
