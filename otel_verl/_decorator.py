@@ -39,7 +39,7 @@ from otel_verl._capture import (
     set_payload,
     token_texts,
 )
-from otel_verl._hotpath import clean_attributes, merge_clean
+from otel_verl._hotpath import clean_attributes, merge_clean, start_span
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 from otel_verl._trajectory import Outcome, current_outcome
 from otel_verl.exporters._scrub import fix_surrogates
@@ -185,7 +185,7 @@ class _OpCall:
             # started bare, then the op's attributes in one insert (validated here once, not
             # re-checked by the SDK through its ABC dispatch): samplers and on_start hooks see
             # the trajectory attributes (TrajectoryAttributesProcessor), not the op's own
-            span = runtime.tracer.start_span(spec.name, kind=spec.span_kind)
+            span = start_span(runtime.tracer, spec.name, spec.span_kind)  # a LightSpan
             merge_clean(span, clean_attributes(attrs))
             token = otel_context.attach(otel_trace.set_span_in_context(span))
         except Exception as exc:

@@ -13,16 +13,32 @@ ended, its attributes are a ``BoundedAttributes`` with no value-length limit and
 key (no eviction), and the values are already clean. Anything else takes ``set_attributes``.
 ``SDK_SHAPE_OK`` is checked once at import against the installed SDK; when the SDK changes
 shape the fast path turns itself off (and ``tests/unit/test_hotpath.py`` fails, so we notice).
+
+``start_span`` starts otel_verl's own spans (ops, trajectories) as a ``LightSpan``: the SDK's
+span class, started without the SDK's per-span allocations (3 objects the cyclic GC tracks while
+it is open instead of 12) and without the sampler's and ``isinstance`` dispatch, where the SDK
+is one it was checked on (``LIGHT_SPAN_OK``; ``tests/unit/test_light_span.py``) and the tracer's
+sampler is the default one; anything else takes the tracer's own ``start_span``.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
+import threading
+import weakref
 from collections.abc import Mapping
+from time import time_ns
 from typing import Any
 
+from opentelemetry import context as context_api
+from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.trace import ReadableSpan, sampling
 from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 #: attribute value types the SDK stores unchanged (no value-length limit): no cleaning needed
 _PLAIN = (str, bool, int, float)
@@ -59,7 +75,7 @@ def clean_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
 def merge_clean(span: Any, attrs: Mapping[str, Any]) -> None:
     """Put already-clean attributes (from ``clean_attributes``) on a started span, in one step
     where that stores exactly what ``span.set_attributes(attrs)`` would, else through it."""
-    if SDK_SHAPE_OK and type(span) is _SDK_SPAN_TYPE:
+    if SDK_SHAPE_OK and type(span) in _SPAN_TYPES:
         bounded = span._attributes
         if type(bounded) is BoundedAttributes and bounded.max_value_len is None \
                 and not bounded._immutable:
@@ -121,9 +137,298 @@ def compact(span: ReadableSpan) -> ReadableSpan:
 
 def _sdk_span_type() -> type:
     """The SDK's concrete span class (``opentelemetry.sdk.trace._Span``)."""
-    from opentelemetry.sdk import trace as sdk_trace
-
     return getattr(sdk_trace, "_Span", SdkSpan)
 
 
 _SDK_SPAN_TYPE: Any = _sdk_span_type()
+
+
+# -- the light span: the SDK's own span, started without the SDK's per-span allocations -----------
+#
+# An open SDK span holds 12 objects the cyclic GC tracks (the span, its context and trace flags,
+# the attribute table, two bounded lists for events and links with a deque each, four locks).
+# Every young collection scans what is alive, the rollout's 32k-element token lists included, and
+# each span's objects count towards the next one. ``LightSpan`` is the SDK's ``_Span`` (so a real
+# ``ReadableSpan`` reaches every processor and exporter) started by ``start_span`` with:
+# - the trace flags shared (an immutable int), the attribute table filled with attributes that
+#   are already clean, one process-wide reentrant lock for the span and its attribute table (re-
+#   initialised after a fork);
+# - no event or link list until one is added (an empty tuple, which readers treat as the SDK's
+#   empty list);
+# - the sampler's decision taken here where the provider's sampler is the SDK default
+#   (parent-based always-on) or always-on, with the same id generator calls in the same order;
+# - at its end, the compact finished span (``compact``) made directly.
+# It is used only where the installed SDK has exactly the shape this was written against
+# (``LIGHT_SPAN_OK``: the versions in ``_CHECKED_SDK``, the span's fields, the methods touching
+# them), else ``start_span`` is the tracer's own ``start_span``.
+
+#: SDK versions (major, minor) the light span was checked on, both ends included
+_CHECKED_SDK = ((1, 45), (1, 45))
+
+#: the fields an SDK span has after ``Tracer.start_span`` (``LightSpan`` sets exactly these)
+_SPAN_FIELDS = frozenset({
+    "_name", "_context", "_kind", "_instrumentation_info", "_instrumentation_scope", "_parent",
+    "_start_time", "_end_time", "_attributes", "_events", "_links", "_resource", "_status",
+    "_sampler", "_trace_config", "_record_exception", "_set_status_on_exception",
+    "_span_processor", "_limits", "_lock", "_record_end_metrics"})
+_ATTRIBUTE_FIELDS = frozenset({"_dict", "maxlen", "dropped", "max_value_len", "_lock",
+                               "_immutable"})
+#: the SDK methods that touch a span's event and link lists: ``LightSpan`` replaces the writers
+#: (``_add_event``, ``_add_link``, ``_readable_span``); the others read any sequence
+_EVENT_USERS = frozenset({"ReadableSpan.__init__", "ReadableSpan.dropped_events",
+                          "ReadableSpan.events", "ReadableSpan.to_json", "Span.__init__",
+                          "Span._add_event", "Span._readable_span"})
+_LINK_USERS = frozenset({"ReadableSpan.__init__", "ReadableSpan.dropped_links",
+                         "ReadableSpan.links", "ReadableSpan.to_json", "Span.__init__",
+                         "Span._add_link", "Span._readable_span"})
+#: what ``Tracer.start_span`` and ``Span.start`` do (names they use), as ``start_span`` redoes it
+_START_SPAN_NAMES = frozenset({
+    "DEFAULT", "NonRecordingSpan", "RANDOM_TRACE_ID", "SAMPLED", "SpanContext", "TraceFlags",
+    "TypeError", "_Span", "_instrumentation_scope", "_is_enabled", "_span_limits",
+    "_tracer_metrics", "attributes", "decision", "generate_span_id", "generate_trace_id",
+    "get_current_span", "get_span_context", "id_generator", "instrumentation_info",
+    "is_recording", "is_sampled", "is_trace_id_random", "is_valid", "isinstance",
+    "random_trace_id", "resource", "sampler", "should_sample", "span_processor", "start",
+    "start_span", "trace_api", "trace_flags", "trace_id", "trace_state"})
+_SPAN_START_NAMES = frozenset({"_lock", "_span_processor", "_start_time", "logger", "on_start",
+                               "time_ns", "warning"})
+
+_sdk_log = sdk_trace.logger  # the SDK's own logger: the same warnings from the same place
+
+#: one lock for every light span and its attribute table (reentrant: the SDK takes the span's,
+#: then the table's, and a finaliser run by the GC inside either may end another span)
+_LOCK = threading.RLock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_LOCK._at_fork_reinit)  # type: ignore[attr-defined]
+
+_FLAGS = (TraceFlags(TraceFlags.SAMPLED),
+          TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID))
+_RECORD = sampling.Decision.RECORD_AND_SAMPLE
+
+
+class LightSpan(_SDK_SPAN_TYPE):
+    """The SDK's span, with no event or link list until one is added, and its finished span
+    made compact (see the section comment above). Created by ``start_span`` only."""
+
+    _events: Any
+    _links: Any
+
+    def _add_event(self, event: Any) -> None:
+        with self._lock:
+            if self._end_time is None:
+                if type(self._events) is tuple:
+                    self._events = BoundedList(self._limits.max_events)
+                self._events.append(event)
+                return
+        _sdk_log.warning("Tried calling %s on an ended span.", "_add_event")
+
+    def _add_link(self, link: Any) -> None:
+        with self._lock:
+            if self._end_time is None:
+                if type(self._links) is tuple:
+                    self._links = BoundedList(self._limits.max_links)
+                self._links.append(link)
+                return
+        _sdk_log.warning("Tried calling %s on an ended span.", "_add_link")
+
+    def _readable_span(self) -> ReadableSpan:
+        bounded, events, links = self._attributes, self._events, self._links
+        if type(bounded) is not BoundedAttributes or bounded.dropped or (
+                type(events) is not tuple and events.dropped) or (
+                type(links) is not tuple and links.dropped):
+            return super()._readable_span()
+        return ReadableSpan(
+            name=self._name, context=self._context, parent=self._parent,
+            resource=self._resource, attributes=bounded._dict,
+            events=events if type(events) is tuple else tuple(events),
+            links=links if type(links) is tuple else tuple(links), kind=self._kind,
+            status=self._status, start_time=self._start_time, end_time=self._end_time,
+            instrumentation_info=self._instrumentation_info,
+            instrumentation_scope=self._instrumentation_scope)
+
+
+_SPAN_TYPES = (_SDK_SPAN_TYPE, LightSpan)
+
+
+class _Starter:
+    """What ``start_span`` knows of one SDK tracer (checked once; what may change per span, the
+    sampler and whether the tracer is enabled, is checked per span)."""
+
+    __slots__ = ("parent_based", "sampler")
+
+    def __init__(self, tracer: Any) -> None:
+        self.sampler = tracer.sampler
+        #: the parent's decision stands (the default sampler), else always on
+        self.parent_based = self.sampler is not sampling.ALWAYS_ON
+
+
+def _known_sampler(sampler: Any) -> bool:
+    """The SDK's default sampler (parent-based, always on, with the default delegates) or
+    always-on: the decision is 'record and sample' unless the parent is not sampled."""
+    if sampler is sampling.ALWAYS_ON:
+        return True
+    return type(sampler) in (sampling.ParentBased, sampling._ParentBasedAlwaysOn) and \
+        getattr(sampler, "_root", None) is sampling.ALWAYS_ON and \
+        getattr(sampler, "_remote_parent_sampled", None) is sampling.ALWAYS_ON and \
+        getattr(sampler, "_local_parent_sampled", None) is sampling.ALWAYS_ON and \
+        getattr(sampler, "_remote_parent_not_sampled", None) is sampling.ALWAYS_OFF and \
+        getattr(sampler, "_local_parent_not_sampled", None) is sampling.ALWAYS_OFF
+
+
+#: id(tracer) -> (a weak reference to it, its starter or None): the tracer is not kept alive
+_STARTERS: dict[int, tuple[Any, _Starter | None]] = {}
+
+
+def _starter(tracer: Any) -> _Starter | None:
+    """The light path for ``tracer``, or None where it takes the SDK's ``start_span``."""
+    entry = _STARTERS.get(id(tracer))
+    if entry is not None and entry[0]() is tracer:
+        return entry[1]
+    ok = LIGHT_SPAN_OK and type(tracer) is sdk_trace.Tracer and _known_sampler(
+        getattr(tracer, "sampler", None))
+    starter = _Starter(tracer) if ok else None
+    if len(_STARTERS) > 64:  # tracers come and go with runtimes (tests): keep a few
+        _STARTERS.clear()
+    _STARTERS[id(tracer)] = (weakref.ref(tracer), starter)
+    return starter
+
+
+def start_span(tracer: Any, name: str, kind: SpanKind = SpanKind.INTERNAL,
+               attributes: Mapping[str, Any] | None = None) -> Any:
+    """``tracer.start_span(name, kind=kind, attributes=attributes)`` in the current context,
+    as a ``LightSpan`` where the SDK and the tracer allow it (same ids, flags, parent, start
+    hooks, attributes). ``attributes`` must be clean (``clean_attributes``)."""
+    starter = _starter(tracer)
+    if starter is None or tracer.sampler is not starter.sampler or \
+            not tracer._tracer_config.is_enabled:
+        return tracer.start_span(name, kind=kind, attributes=attributes)
+    current: Any = context_api.get_value(_SPAN_KEY)
+    if current is None:
+        parent = None
+    elif type(current) in _SPAN_TYPES:
+        parent = current._context
+    else:
+        parent = trace_api.get_current_span().get_span_context()
+        if parent is not None and type(parent) is not SpanContext:
+            return tracer.start_span(name, kind=kind, attributes=attributes)
+    id_generator = tracer.id_generator
+    if parent is None or not parent.is_valid:
+        parent = None
+        trace_id = id_generator.generate_trace_id()
+        trace_state = None
+        random_id = id_generator.is_trace_id_random()
+    else:
+        flags = parent.trace_flags
+        if starter.parent_based and not flags.sampled:
+            return tracer.start_span(name, kind=kind, attributes=attributes)
+        trace_id = parent.trace_id
+        trace_state = parent.trace_state
+        random_id = flags.random_trace_id
+    context = SpanContext(trace_id, id_generator.generate_span_id(), False,
+                          _FLAGS[1 if random_id else 0], trace_state)
+    record_end_metrics = tracer._tracer_metrics.start_span(parent, _RECORD)
+    limits = tracer._span_limits
+    maxlen = limits.max_span_attributes
+    max_value_len = limits.max_span_attribute_length
+    if attributes and (max_value_len is not None or (maxlen is not None
+                                                     and len(attributes) > maxlen)):
+        bounded: Any = BoundedAttributes(maxlen, attributes, immutable=False,
+                                    max_value_len=max_value_len)
+    else:
+        bounded = BoundedAttributes.__new__(BoundedAttributes)
+        bounded._dict = dict(attributes) if attributes else {}
+        bounded.maxlen = maxlen
+        bounded.dropped = 0
+        bounded.max_value_len = max_value_len
+        bounded._lock = _LOCK
+        bounded._immutable = False
+    span: Any = object.__new__(LightSpan)
+    span._name = name
+    span._context = context
+    span._kind = kind
+    span._instrumentation_info = tracer.instrumentation_info
+    span._instrumentation_scope = tracer._instrumentation_scope
+    span._parent = parent
+    span._start_time = None
+    span._end_time = None
+    span._attributes = bounded
+    span._events = ()
+    span._links = ()
+    span._resource = tracer.resource
+    span._status = _DEFAULT_STATUS
+    span._sampler = tracer.sampler
+    span._trace_config = None
+    span._record_exception = True
+    span._set_status_on_exception = True
+    processor = tracer.span_processor
+    span._span_processor = processor
+    span._limits = limits
+    span._lock = _LOCK
+    span._record_end_metrics = record_end_metrics
+    span._start_time = time_ns()
+    processor.on_start(span, parent_context=None)
+    return span
+
+
+def _light_span_ok() -> bool:
+    """The installed SDK is one ``LightSpan`` was checked on, and has its shape: a span started
+    by the SDK has exactly the fields ``start_span`` sets, of the same types, the methods that
+    touch the event and link lists are the known ones, and ``Tracer.start_span`` and
+    ``Span.start`` do what ``start_span`` redoes."""
+    try:
+        from opentelemetry.sdk.version import __version__
+
+        version = tuple(int(part) for part in __version__.split(".")[:2])
+        if not (_CHECKED_SDK[0] <= version <= _CHECKED_SDK[1]) or not SDK_SHAPE_OK:
+            return False
+        if set(sdk_trace.Tracer.start_span.__code__.co_names) != _START_SPAN_NAMES or \
+                set(sdk_trace.Span.start.__code__.co_names) != _SPAN_START_NAMES:
+            return False
+        if _users("_events") != _EVENT_USERS or _users("_links") != _LINK_USERS:
+            return False
+        provider = sdk_trace.TracerProvider(shutdown_on_exit=False)
+        tracer: Any = provider.get_tracer("otel_verl.probe")
+        theirs: Any = tracer.start_span("probe", attributes={"k": "v"})
+        fields = vars(theirs)
+        attrs = vars(theirs._attributes)
+        return (set(fields) == _SPAN_FIELDS and set(attrs) == _ATTRIBUTE_FIELDS
+                and type(theirs._events) is BoundedList and type(theirs._links) is BoundedList
+                and theirs._status is _DEFAULT_STATUS and theirs._trace_config is None
+                and theirs._record_exception is True and theirs._set_status_on_exception is True
+                and theirs._resource is tracer.resource and theirs._sampler is tracer.sampler
+                and theirs._span_processor is tracer.span_processor
+                and theirs._limits is tracer._span_limits
+                and theirs._instrumentation_scope is tracer._instrumentation_scope)
+    except Exception:  # noqa: BLE001 - any surprise: the light span stays off
+        return False
+
+
+def _users(field: str) -> set[str]:
+    """``Class.method`` of every function of the SDK span's classes that names ``field``
+    (decorated functions included, through their closure)."""
+    found = set()
+    for klass in _SDK_SPAN_TYPE.__mro__:
+        for name, value in vars(klass).items():
+            func = value.fget if isinstance(value, property) else value
+            code = getattr(func, "__code__", None)
+            if code is None:
+                continue
+            names = set(code.co_names)
+            for cell in getattr(func, "__closure__", None) or ():
+                inner = getattr(cell.cell_contents, "__code__", None)
+                if inner is not None:
+                    names |= set(inner.co_names)
+            if field in names:
+                found.add(f"{klass.__name__}.{name}")
+    return found
+
+
+def _default_status() -> Any:
+    return inspect.signature(ReadableSpan.__init__).parameters["status"].default
+
+
+_DEFAULT_STATUS = _default_status()
+_SPAN_KEY = trace_api._SPAN_KEY
+
+#: the light span is used (see ``_light_span_ok``); tests turn it off to check the SDK path
+LIGHT_SPAN_OK = _light_span_ok()

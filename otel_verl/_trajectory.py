@@ -37,7 +37,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, _evaluations, semconv
 from otel_verl._capture import record_failure, scrub_text, set_payload
-from otel_verl._hotpath import clean_attributes
+from otel_verl._hotpath import clean_attributes, start_span
 from otel_verl._sampling import normalise_index, sampling_attributes
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 from otel_verl.exporters._scrub import fix_surrogates
@@ -164,13 +164,14 @@ def rollout_trace_attr(
                                      attrs[semconv.ROLLOUT_VALIDATE])
         return
     name = fix_surrogates(name) if type(name) is str else "rollout_trace"
-    span = runtime.tracer.start_span(
-        name, kind=SpanKind.INTERNAL,
-        attributes={**attrs, semconv.OTEL_VERL_TRAJECTORY: True,
-                    semconv.ROLLOUT_PROJECT_NAME: runtime.config.project_name,
-                    semconv.OPENINFERENCE_SPAN_KIND: semconv.SpanKindName.AGENT,
-                    **sampling_attributes(runtime.sampler, attrs.get(semconv.ROLLOUT_SAMPLE_INDEX),
-                                          provisional)})
+    span = start_span(  # a LightSpan (otel_verl._hotpath)
+        runtime.tracer, name, SpanKind.INTERNAL,
+        clean_attributes({**attrs, semconv.OTEL_VERL_TRAJECTORY: True,
+                          semconv.ROLLOUT_PROJECT_NAME: runtime.config.project_name,
+                          semconv.OPENINFERENCE_SPAN_KIND: semconv.SpanKindName.AGENT,
+                          **sampling_attributes(runtime.sampler,
+                                                attrs.get(semconv.ROLLOUT_SAMPLE_INDEX),
+                                                provisional)}))
     token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional))
     runtime.trajectory_started()
     previous_context = otel_context.get_current()
