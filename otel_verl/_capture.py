@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_verl import _content, _errors, _payload, semconv
@@ -385,12 +386,25 @@ def input_messages_attrs(messages: Sequence[Mapping[str, Any]],
             or not messages):
         return {semconv.GEN_AI_INPUT_MESSAGES: payload_json(convert(messages))}
     chain = _content.chains_of(traj.content, _GENAI_MESSAGES, _content.KIND_MESSAGES)
-    step = chain.begin(messages)
+    options = _options(runtime.config)
+    # a long whole conversation (turn 1) is encoded and hashed off the loop: its id and
+    # ``stored`` go on the span when the call ends (``settle_messages``)
+    step = chain.begin(messages, defer_over=options.inline_bytes)
     if step is None:
         return {semconv.GEN_AI_INPUT_MESSAGES: payload_json(convert(messages))}
+    config = runtime.config
+    if step.pending:
+        span = otel_trace.get_current_span()  # the call's own span (``_llm_request``)
+        traj.content[_pending_messages_key(span)] = step
+        _content.defer(step, content_store(runtime).bound())
+        return {  # a head of it on the span (the whole is in the store, as a rule)
+            semconv.GEN_AI_INPUT_MESSAGES: to_payload(convert(step.delta),
+                                                      max_bytes=options.inline_bytes,
+                                                      redact=config.redact).json,
+            semconv.CONTENT_MESSAGES_LEN: step.length,
+        }
     chain.finish(step.id, step.length, None, None)  # the answer comes back in the next prompt
     stored = content_store(runtime).put(_content.KIND_MESSAGES, step)
-    config = runtime.config
     # a large delta is in the store: the span shows a head of it (``content_inline_bytes``)
     limit = _options(config).inline_bytes if stored == "stored" else config.max_field_bytes
     attrs: dict[str, Any] = {
@@ -403,6 +417,30 @@ def input_messages_attrs(messages: Sequence[Mapping[str, Any]],
         attrs[semconv.CONTENT_MESSAGES_BASE_ID] = step.base_id
         attrs[semconv.CONTENT_MESSAGES_BASE_LEN] = step.base_len
     return attrs
+
+
+#: the key (in the trajectory's content dict) of a call's messages hashed off the loop
+_PENDING_MESSAGES = "_pending_messages:"
+
+
+def _pending_messages_key(span: Any) -> str:
+    return _PENDING_MESSAGES + format(span.get_span_context().span_id, "016x")
+
+
+def settle_messages(span: Span) -> dict[str, Any]:
+    """At the end (or failure) of a call whose ``gen_ai.input.messages`` were hashed off the
+    loop: ``otel_verl.content.messages_id`` and ``messages_stored``. ``{}`` for any other
+    call (O(1): one dict lookup)."""
+    traj = TRAJECTORY.get()
+    if traj is None or not traj.content:
+        return {}
+    step = traj.content.pop(_pending_messages_key(span), None)
+    if step is None:
+        return {}
+    if not step.resolve():
+        return {semconv.CONTENT_MESSAGES_STORED: "missing"}
+    return {semconv.CONTENT_MESSAGES_ID: step.id,
+            semconv.CONTENT_MESSAGES_STORED: step.stored or "missing"}
 
 
 def content_outputs(span: Span, output: Any) -> dict[str, Any]:
@@ -451,6 +489,11 @@ def record_failure(span: Span, exc: BaseException) -> None:
         attrs_now = getattr(span, "attributes", None) or {}
         if semconv.CONTENT_FIELD in attrs_now:  # a call whose prompt id is not on it yet
             settled = settle_content(span, attrs_now)
+            if settled:
+                span.set_attributes(settled)
+        if semconv.CONTENT_MESSAGES_LEN in attrs_now and \
+                semconv.CONTENT_MESSAGES_ID not in attrs_now:  # its messages' id, likewise
+            settled = settle_messages(span)
             if settled:
                 span.set_attributes(settled)
         kind = type(exc)

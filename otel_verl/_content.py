@@ -204,6 +204,24 @@ DEFER_CHUNK = 8192
 #: tokens at the head of a deferred prompt encoded at once (its preview on the span, and a first
 #: check that the list holds plain ints)
 DEFER_HEAD = 1024
+#: a whole message list with at least this many characters of text (that extends nothing) is
+#: encoded and hashed off the calling thread, as a long token prompt is: turn 1 of a long
+#: conversation (its system prompt, a long document) is O(context) bytes to encode and hash
+DEFER_MIN_CHARS = 16384
+#: messages encoded per piece off the thread (the GIL is free between pieces)
+DEFER_MESSAGES = 16
+
+
+def message_chars(messages: Sequence[Any]) -> int:
+    """The characters of a message list's string contents: what sizes its encoding, in
+    O(number of messages) (nothing is encoded)."""
+    total = 0
+    for message in messages:
+        if type(message) is dict:
+            content = message.get("content")
+            if type(content) is str:
+                total += len(content)
+    return total
 
 
 class PendingStep(Step):
@@ -250,8 +268,11 @@ class PendingStep(Step):
         items, n = self.source, self.length
         hasher = _hasher()
         parts: list[bytes] = []
-        for at in range(0, n, DEFER_CHUNK):
-            data = token_bytes(items[at:min(n, at + DEFER_CHUNK)])
+        tokens = self._kind == KIND_TOKENS
+        piece = DEFER_CHUNK if tokens else DEFER_MESSAGES
+        for at in range(0, n, piece):
+            chunk = items[at:min(n, at + piece)]
+            data = token_bytes(chunk) if tokens else message_bytes(chunk)
             if data is None:
                 self.source = []
                 return
@@ -372,10 +393,11 @@ class DeltaChain:
     def begin(self, items: Sequence[Any], defer_over: int = 0) -> Step | None:
         """The step for a call whose input field is ``items``; None when it cannot be encoded.
 
-        ``defer_over`` (tokens only): a whole prompt (one that extends nothing) of more items
-        than this, and at least ``DEFER_MIN_ITEMS``, comes back as a ``PendingStep``: its
+        ``defer_over``: a whole prompt (one that extends nothing) of more items than this
+        (tokens: at least ``DEFER_MIN_ITEMS``; messages: counted in characters of text,
+        ``message_chars``, at least ``DEFER_MIN_CHARS``) comes back as a ``PendingStep``: its
         encode and hash (O(context)) are left to ``defer``/``resolve``, and the calling thread
-        does only the copy the chain keeps (one C-level pass) and a head of it.
+        does only the copy the chain keeps (one C-level pass) and, for tokens, a head of it.
 
         The prefix check compares the previous prompt + response (else the previous prompt
         alone) with the head of ``items``: one C-level list comparison (``new[:n] == prev``, a
@@ -409,10 +431,15 @@ class DeltaChain:
             base_id, base_len = self._prompt_id, self._prompt_len
             hasher = self._prompt_hasher.copy()
         if delta is None or not extended:
-            delta = new[base_len:] if base_len else new
-        if (base_id is None and defer_over and self._kind == KIND_TOKENS
-                and len(new) > max(defer_over, DEFER_MIN_ITEMS)):
-            return self._begin_deferred(new)
+            # a message node is written from its delta later, on the store's thread: a copy,
+            # not the caller's list (which may grow in place meanwhile); O(messages)
+            delta = new[base_len:] if base_len or self._kind != KIND_TOKENS else new
+        if base_id is None and defer_over:
+            if self._kind == KIND_TOKENS:
+                if len(new) > max(defer_over, DEFER_MIN_ITEMS):
+                    return self._begin_deferred(new)
+            elif message_chars(new) > max(defer_over, DEFER_MIN_CHARS):
+                return self._begin_deferred(new)
         data = self._encode(delta)
         if data is None:
             if extended:
@@ -446,11 +473,16 @@ class DeltaChain:
         return step
 
     def _begin_deferred(self, new: list[Any]) -> Step | None:
-        head = token_bytes(new[:DEFER_HEAD])
-        if head is None or type(new[-1]) is not int:  # not plain ints: not delta-coded
-            return None
+        if self._kind == KIND_TOKENS:
+            head = token_bytes(new[:DEFER_HEAD])
+            if head is None or type(new[-1]) is not int:  # not plain ints: not delta-coded
+                return None
+            delta = new
+        else:  # messages: the node is written from its delta, so it is a copy (the caller's
+            head = b""  # list may grow in place before the store's thread writes it)
+            delta = list(new)
         self._items = list(new)  # the chain's copy: the step encodes it (the caller's may change)
-        step = PendingStep(self._kind, self._items, len(new), new, head)
+        step = PendingStep(self._kind, self._items, len(new), delta, head)
         self._marks, self._mark_ids = [step.length], [""]
         self._prompt_len = self._full_len = step.length
         self._prompt_id = self._full_id = None

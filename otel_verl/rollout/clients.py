@@ -59,7 +59,7 @@ from opentelemetry.trace import Span, SpanKind
 
 import otel_verl
 from otel_verl import semconv
-from otel_verl._capture import input_messages_attrs
+from otel_verl._capture import input_messages_attrs, settle_messages
 from otel_verl._hotpath import clean_attributes, merge_clean
 from otel_verl.semconv import GenAIOperation, SpanKindName
 
@@ -294,7 +294,8 @@ class AsyncLLMClient:
     ) -> None:
         if span is None or not span.is_recording():
             return
-        attrs: dict[str, Any] = {}
+        # the id of input messages hashed off the loop (a long first turn), now that it is known
+        attrs: dict[str, Any] = settle_messages(span)
         if (output_text is not None or tool_calls) and _capturing():
             attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = otel_verl.payload_json(
                 genai_output_messages(output_text, finish_reason, tool_calls))
