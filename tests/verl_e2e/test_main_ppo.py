@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,23 @@ def _check(run: Run) -> None:
     assert run.returncode == 0, f"main_ppo failed ({run.returncode}):\n{run.tail()}"
 
 
+def _engine_joined(spans: list[dict[str, Any]]) -> bool:
+    """Every traced ``generate`` call has its engine's ``llm_request`` span (the engine exports
+    from its own batch processor, on its own schedule: the spans can land after the trainer's)."""
+    calls = {s["span_id"] for s in spans if s["name"] == "LLMServerClient.generate"
+             and s["attributes"].get(semconv.ROLLOUT_VALIDATE) is not True}
+    joined = {s.get("parent_span_id") for s in spans if s["name"] == "llm_request"}
+    return bool(calls) and calls <= joined
+
+
+def _wait_engine_spans(ready: Any, timeout_s: float = 30.0) -> None:
+    """Wait (bounded) for the engine spans to join; on a timeout the assertions that follow say
+    which are missing."""
+    deadline = time.monotonic() + timeout_s
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def v1_run(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     workdir = tmp_path_factory.mktemp("v1")
@@ -66,6 +84,8 @@ def v1_run(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
                            validate=True,
                            # the length_cap detector on (a trajectory detector: nothing held)
                            env={"OTEL_VERL_DETECT_FLAGS": "length_cap"})
+        if run.returncode == 0:
+            _wait_engine_spans(lambda: _engine_joined(list(read_spans(trace_dir))))
     _check(run)
     return run
 
@@ -86,8 +106,10 @@ def legacy_run(tool_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ru
                            # assertions read only what came through the collector
                            env={"OTEL_EXPORTER_OTLP_ENDPOINT": rotel.http_endpoint,
                                 "OTEL_VERL_TRACE_DIR": str(workdir / "otel_verl_spool")})
-        sink.wait_for(lambda spans: sum(s["name"] == "agent_loop" for s in spans)
-                      >= STEPS * MAX_SAMPLES * N, timeout_s=30)
+        if run.returncode == 0:
+            sink.wait_for(lambda spans: sum(s["name"] == "agent_loop" for s in spans)
+                          >= STEPS * MAX_SAMPLES * N, timeout_s=30)
+            _wait_engine_spans(lambda: _engine_joined(sink.spans()))
     _check(run)
     return run
 
