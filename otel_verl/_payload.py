@@ -137,13 +137,16 @@ class _Walker:
 
     # -- leaves -----------------------------------------------------------------------------------
     def string(self, text: str) -> str:
-        text = fix_surrogates(text)
         limit = max(32, min(self.max_str, self.budget))
+        total = len(text)
+        if total > limit:  # cut, whatever it holds (a char is at least a byte): read no more
+            text = text[:limit + 1]  # of it than the cut looks at, O(cap) not O(its length)
+        text = fix_surrogates(text)
         if text.isascii():
-            if len(text) > limit:
+            if total > limit:
                 cut = _cut_point(text, limit)
                 self.cut = True
-                text = text[:cut] + TRUNCATION_MARK.format(n=len(text) - cut)
+                text = text[:cut] + TRUNCATION_MARK.format(n=total - cut)
             self.budget -= len(text) + 3
             return text
         if len(text) * 4 > limit:  # maybe over the limit in UTF-8 bytes: measure
@@ -152,7 +155,7 @@ class _Walker:
                 head = data[:limit].decode("utf-8", "ignore")
                 cut = _cut_point(head + text[len(head):len(head) + 1], len(head))
                 self.cut = True
-                text = text[:cut] + TRUNCATION_MARK.format(n=len(text) - cut)
+                text = text[:cut] + TRUNCATION_MARK.format(n=total - cut)
                 self.budget -= len(text.encode("utf-8")) + 3
                 return text
             self.budget -= len(data) + 3
