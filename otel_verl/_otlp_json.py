@@ -17,7 +17,10 @@ The encoding is the OpenTelemetry Collector ``file`` exporter's:
 The encoder is hand-written (it produces the same message as
 ``opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans`` followed by
 ``json_format.MessageToJson``, which the unit tests check field by field) because it is several
-times faster; ``bench/bench_file_exporter.py`` measures both. The decoder accepts both id
+times faster; ``bench/bench_file_exporter.py`` measures both. The dicts are serialised by orjson
+where it writes the stdlib's bytes, else by the stdlib (``_dumps_bytes``): a line is the bytes of
+``json.dumps(..., ensure_ascii=False, separators=(",", ":"))`` either way, orjson installed or
+not (``bench/bench_export_thread.py`` measures the two). The decoder accepts both id
 encodings (hex and base64) and both field spellings (camelCase and snake_case); it raises
 :class:`ValueError`-family errors on malformed input, never anything else.
 """

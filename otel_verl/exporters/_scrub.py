@@ -27,7 +27,9 @@ User patterns run after the built-in rules, on their output, within a time budge
 a timeout; without it, patterns that can backtrack without bound (``(a+)+$``) are refused with a
 warning. A string a pattern could not be run on is exported as ``[REDACTED]`` whole and counted
 (``Scrubber.stats()``): never unchecked. Strings of 4096 characters or more are remembered once
-scrubbed (a bounded cache keyed by the string), so the same prompt on every turn is scanned once.
+scrubbed (a bounded cache keyed by the string), so the same prompt on every turn is scanned once;
+shorter ones are remembered in an LRU, and ids no rule can match (lowercase hex other than the 40
+of a W&B key, otel_verl's ``tok:sha256:`` content ids) pass by one ``fullmatch`` (``_CLEAN_ID``).
 
 Cost: linear in bytes, at C speed on any content (base64, hex, repeated characters, prose: see
 the cost model above ``_TOKEN_RULES`` and ``bench/bench_scrub.py``). No rule is tried at every
