@@ -39,7 +39,7 @@ from otel_verl._capture import (
     set_payload,
     token_texts,
 )
-from otel_verl._hotpath import clean_attributes, merge_clean, start_span
+from otel_verl._hotpath import attribute_map, clean_attributes, is_current, merge_clean, start_span
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 from otel_verl._trajectory import Outcome, current_outcome
 from otel_verl.exporters._scrub import fix_surrogates
@@ -170,8 +170,7 @@ class _OpCall:
             if spec.kind == semconv.SpanKindName.LLM:
                 _policy.start_attributes(attrs)  # rl.policy.version (O(1))
             outcome = None
-            if traj is not None and traj.span is not None and \
-                    otel_trace.get_current_span() is traj.span:
+            if traj is not None and traj.span is not None and is_current(traj.span):
                 outcome = current_outcome()
             owner = None
             if spec.capture_input and runtime.config.capture_payloads:
@@ -243,8 +242,7 @@ class _OpCall:
             if self.spec.capture_output:
                 set_payload(self.span, output=dict(as_dict(output), **extra) if extra else output)
                 if self.outcome is not None:
-                    attrs = getattr(self.span, "attributes", None) or {}
-                    self.outcome.op_ended(attrs.get(semconv.OUTPUT_VALUE),
+                    self.outcome.op_ended(attribute_map(self.span).get(semconv.OUTPUT_VALUE),
                                           self.spec.kind == semconv.SpanKindName.AGENT)
             self.span.end()
         except Exception as exc:

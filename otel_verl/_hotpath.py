@@ -42,6 +42,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 #: attribute value types the SDK stores unchanged (no value-length limit): no cleaning needed
 _PLAIN = (str, bool, int, float)
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def _sdk_shape_ok() -> bool:
@@ -66,10 +67,12 @@ SDK_SHAPE_OK = _sdk_shape_ok()
 def clean_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """``attrs`` as the SDK would store them (keys non-empty str, values cleaned): plain values
     and tuples of them pass as they are, anything else goes through the SDK's own cleaner once."""
-    if all(type(k) is str and k and (type(v) in _PLAIN or type(v) is tuple and all(
-            type(x) in _PLAIN for x in v)) for k, v in attrs.items()):
-        return dict(attrs)
-    return BoundedAttributes(None, attrs).copy()  # type: ignore[return-value]
+    for key, value in attrs.items():  # a plain loop: no generator frame per call
+        kind = type(value)
+        if type(key) is not str or not key or kind not in _PLAIN_TYPES and (
+                kind is not tuple or not all(type(x) in _PLAIN_TYPES for x in value)):
+            return BoundedAttributes(None, attrs).copy()  # type: ignore[return-value]
+    return dict(attrs)
 
 
 def merge_clean(span: Any, attrs: Mapping[str, Any]) -> None:
@@ -88,7 +91,7 @@ def merge_clean(span: Any, attrs: Mapping[str, Any]) -> None:
     span.set_attributes(attrs)
 
 
-def attribute_map(span: ReadableSpan) -> Mapping[str, Any]:
+def attribute_map(span: Any) -> Mapping[str, Any]:
     """A span's attributes for reading (the plain dict where the SDK holds one; no copy)."""
     bounded = getattr(span, "_attributes", None)
     if SDK_SHAPE_OK:
@@ -96,7 +99,13 @@ def attribute_map(span: ReadableSpan) -> Mapping[str, Any]:
             return bounded._dict
         if type(bounded) is dict:  # a compacted span (``compact``)
             return bounded
-    return span.attributes or {}
+    return getattr(span, "attributes", None) or {}  # a non-recording span has none
+
+
+def is_current(span: Any) -> bool:
+    """``span`` is the current span (``trace.get_current_span() is span`` for a real span,
+    without its ``isinstance`` check through the ``Span`` ABC)."""
+    return context_api.get_value(_SPAN_KEY) is span
 
 
 def compact(span: ReadableSpan) -> ReadableSpan:
