@@ -65,15 +65,28 @@ def test_the_installed_sdk_takes_the_light_span():
 
 # --- the cyclic GC: objects an open span keeps tracked ---------------------------------------------
 
+def _new_tracked(roots: list, old: list) -> int:
+    """GC-tracked objects reachable from ``roots`` that did not exist in ``old`` (a list of
+    every tracked object before, held so that no id is reused), ``roots`` itself left out:
+    what other threads allocate meanwhile is not counted."""
+    seen = {id(o) for o in old}
+    seen.add(id(roots))
+    count, todo = 0, list(roots)
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or not gc.is_tracked(obj):
+            continue
+        seen.add(id(obj))
+        count += 1
+        todo.extend(gc.get_referents(obj))
+    return count
+
+
 def _tracked_per_open_span(start, n=200) -> float:
     gc.collect()
-    gc.disable()
-    try:
-        before = len(gc.get_objects())
-        spans = [start() for _ in range(n)]
-        held = len(gc.get_objects()) - before
-    finally:
-        gc.enable()
+    old = gc.get_objects()
+    spans = [start() for _ in range(n)]
+    held = _new_tracked(spans, old)
     for span in spans:
         span.end()
     return held / n
@@ -91,7 +104,7 @@ def test_an_open_light_span_holds_few_gc_tracked_objects():
     # the SDK's: the span, its context and flags, the attribute table, two bounded lists with
     # a deque each, four locks; light: the span, its context, its attribute table
     assert sdk >= 11, sdk
-    assert light <= 3.5, light
+    assert light <= 3, light
 
 
 @rollout_trace_op(capture_input=False, capture_output=False)
@@ -103,15 +116,11 @@ def _suspended(i):
 def _held_per_open_op(trace: bool, n: int = 100) -> float:
     with rollout_trace_attr(step=1, sample_index=0, trace=trace):
         gc.collect()
-        gc.disable()
-        try:
-            before = len(gc.get_objects())
-            gens = [_suspended(i) for i in range(n)]
-            for gen in gens:
-                next(gen)  # the op's span is open while the generator waits
-            held = len(gc.get_objects()) - before
-        finally:
-            gc.enable()
+        old = gc.get_objects()
+        gens = [_suspended(i) for i in range(n)]
+        for gen in gens:
+            next(gen)  # the op's span is open while the generator waits
+        held = _new_tracked(gens, old)
         for gen in gens:
             list(gen)
     return held / n
@@ -125,8 +134,8 @@ def test_an_open_traced_op_adds_few_gc_tracked_objects():
         added = _held_per_open_op(True) - _held_per_open_op(False)
     finally:
         RolloutTraceConfig.shutdown()
-    # the SDK's span made it ~15 (its 12, the op call, the items list, ...); now ~6
-    assert 0 < added <= 8, added
+    # with the SDK's span: 14 (its 12, the op's call record, the context token); now 5
+    assert 0 < added <= 6, added
     assert len([s for s in exporter.get_finished_spans() if s.name.endswith("_suspended")]) == 100
 
 
