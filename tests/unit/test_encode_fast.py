@@ -185,3 +185,16 @@ def test_an_attribute_spelling_the_placeholder_does_not_move_the_spans(where, en
     assert line == _reference(spans)
     assert [s["name"] for s in iter_spans(decode_line(line))] == ["op0", "op1", "op2"]
     assert encode_span_line(spans[0]) == _reference([spans[0]])
+
+
+def test_a_long_batch_lets_a_waiting_thread_take_the_gil(monkeypatch):
+    """The export thread releases the GIL every ``_YIELD_EVERY`` spans while it encodes a
+    batch, as it does between the spans it scrubs: a waking event loop waits for a few spans'
+    work, not for the interpreter's 5 ms switch interval."""
+    resource, scope = Resource({"service.name": "svc"}), InstrumentationScope("s", "1")
+    spans = [_plain_span(i, resource, scope) for i in range(4 * _otlp_json._YIELD_EVERY)]
+    expected = _reference(spans)
+    sleeps = []
+    monkeypatch.setattr(_otlp_json.time, "sleep", sleeps.append)
+    assert encode_line(spans) == expected
+    assert sleeps == [0] * 4
