@@ -101,7 +101,7 @@ def encoder(request, monkeypatch):
     return request.param
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                     HealthCheck.data_too_large])
 @given(spans=_spans())
 def test_encode_line_writes_the_reference_bytes_for_hostile_spans(spans):
