@@ -183,6 +183,37 @@ def _py_attributes(kvs: list[dict[str, Any]] | None) -> dict[str, Any]:
     return _dec_attributes([{"key": kv["key"], "value": _py_value(kv["value"])} for kv in kvs])
 
 
+class _Attribute:
+    """One attribute key across the spans: ``[0]`` whether each span has it, ``[1]`` .. ``[4]``
+    its ``stringValue`` / ``intValue`` / ``doubleValue`` / ``boolValue`` per span (null where
+    absent), each built when first asked for."""
+
+    def __init__(self, mask: Any, kv_off: Any, members: tuple[Any, ...], n: int) -> None:
+        pos = _positions(mask, kv_off)
+        self._has = pc.less(pos.slice(0, n), pos.slice(1))
+        self._rows = pc.indices_nonzero(mask)  # (a take of these: cheaper than filters)
+        self._members = members
+        self._n = n
+        self._filtered: dict[int, Any] = {}
+        self._built: dict[int, Any] = {}
+
+    def present(self, i: int) -> bool:
+        """Whether any span's value is of member ``i``."""
+        if i not in self._filtered:
+            self._filtered[i] = self._members[i - 1].take(self._rows)
+        filtered = self._filtered[i]
+        return bool(filtered.null_count != len(filtered))
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 0:
+            return self._has
+        if i not in self._built:
+            member = self._members[i - 1]
+            self._built[i] = _scatter(self._has, self._filtered[i], self._n) \
+                if self.present(i) else pa.nulls(self._n, member.type)
+        return self._built[i]
+
+
 def add_stretch(columns: S.Columns, data: bytes, start: int, source: str) -> int | None:
     """Append the rows of ``data`` (complete lines, each ending with ``\\n``; ``start`` the
     offset of its first byte in the file) to ``columns``.
@@ -199,22 +230,28 @@ def add_stretch(columns: S.Columns, data: bytes, start: int, source: str) -> int
     starts, longest = found
     try:
         table = pj.read_json(pa.BufferReader(data), parse_options=_PARSE,
-                             read_options=pj.ReadOptions(block_size=max(1 << 22, longest + 2)))
+                             read_options=pj.ReadOptions(block_size=max(16 << 20, longest + 2)))
     except (pa.ArrowException, ValueError, UnicodeDecodeError):
         return None
     if table.num_rows != len(starts):
         return None
+    built = []
+    first = 0
     try:
-        spans, payload = _build(table, starts, start, source)
+        for batch in table.to_batches():  # a block of lines each (no copy into one array)
+            built.append(_build(batch.column(0), starts[first:first + batch.num_rows], start,
+                                source))
+            first += batch.num_rows
     except _Refused:
         return None
-    columns.add_tables(spans, payload)
+    for spans, payload in built:
+        columns.add_tables(spans, payload)
     return len(starts)
 
 
-def _build(table: pa.Table, starts: list[int], start: int, source: str
+def _build(lines: pa.Array, starts: list[int], start: int, source: str
            ) -> tuple[pa.Table, pa.Table]:
-    lines = table.column("resourceSpans").combine_chunks()
+    """The span and payload tables of ``lines`` (the ``resourceSpans`` of each line)."""
     if lines.null_count:
         raise _Refused  # a line without resourceSpans: the per-line decoder reports it
     rs, rs_line, _ = _flat(lines)
@@ -310,22 +347,16 @@ def _build(table: pa.Table, starts: list[int], start: int, source: str
     inline = pc.invert(is_payload)
     span_attrs = _map(_positions(inline, kv_off), key.filter(inline), text.filter(inline))
 
-    lookups: dict[str, Any] = {}
+    lookups: dict[str, _Attribute | None] = {}
+    member_arrays = (m_str, m_int, m_dbl, m_bool)
 
-    def lookup(name: str) -> tuple[Any, Any, Any, Any, Any] | None:
-        """``(has, string, int, double, bool)`` per span for the attribute ``name``."""
-        if name in lookups:
-            return lookups[name]
-        index = key_pos.get(name)
-        found = None
-        if index is not None:
-            mask = pc.equal(key_index, index)
-            pos = _positions(mask, kv_off)
-            has = pc.less(pos.slice(0, n), pos.slice(1))
-            found = (has,) + tuple(_scatter(has, m.filter(mask), n)
-                                   for m in (m_str, m_int, m_dbl, m_bool))
-        lookups[name] = found
-        return found
+    def lookup(name: str) -> _Attribute | None:
+        """The attribute ``name`` per span (None: no span has it)."""
+        if name not in lookups:
+            index = key_pos.get(name)
+            lookups[name] = None if index is None else _Attribute(
+                pc.equal(key_index, index), kv_off, member_arrays, n)
+        return lookups[name]
 
     null_str, null_int = pa.nulls(n, _STR), pa.nulls(n, _I64)
     null_bool, null_dbl = pa.nulls(n, pa.bool_()), pa.nulls(n, _F64)
@@ -376,11 +407,12 @@ def _build(table: pa.Table, starts: list[int], start: int, source: str
             pc.fill_null(pc.equal(span_kind, S._LLM), False))
         tool = pc.or_(pc.fill_null(pc.equal(operation[1], "execute_tool"), False), kind_tool)
     error_type = lookup(S.semconv.ERROR_TYPE)
-    output = string(S.semconv.OUTPUT_VALUE, None)
-    ok_false = pc.fill_null(pc.match_substring(pc.replace_substring(output, " ", ""),
-                                               '"ok":false'), False)
+    tool_rows = pc.indices_nonzero(tool)
+    output = pc.take(string(S.semconv.OUTPUT_VALUE, None), tool_rows)  # a tool's result only
+    ok_false = _scatter(tool, pc.fill_null(pc.match_substring(
+        pc.replace_substring(output, " ", ""), '"ok":false'), False), n)
     tool_error = pc.and_(tool, pc.or_(pc.or_(is_error, false if error_type is None
-                                             else error_type[0]), ok_false))
+                                             else error_type[0]), pc.fill_null(ok_false, False)))
     tool_name = pc.if_else(tool, string(S._TOOL_NAME), null_str)
     report = pc.and_(pc.equal(name, S._REPORT), no_parent)
 
@@ -419,7 +451,8 @@ def _build(table: pa.Table, starts: list[int], start: int, source: str
         s_messages = pc.take(message, special_rows).to_pylist()
         s_labels = [None] * len(special_rows) if label is None else [
             _first(members) for members in zip(
-                *(pc.take(m, special_rows).to_pylist() for m in label[1:]), strict=True)]
+                *(pc.take(label[i], special_rows).to_pylist() for i in range(1, 5)),
+                strict=True)]
         scores, labels, errors = [], [], []
         try:
             for raw_events, span_name, span_code, span_message, span_label in zip(
@@ -471,7 +504,8 @@ def _build(table: pa.Table, starts: list[int], start: int, source: str
             if found is None:
                 continue
             has = pc.take(found[0], need_rows).to_pylist()
-            kept = [pc.take(m, need_rows).to_pylist() for m in found[1:] if m.null_count != n]
+            kept = [pc.take(found[i], need_rows).to_pylist() for i in range(1, 5)
+                    if found.present(i)]
             values = kept[0] if len(kept) == 1 else [_first(v) for v in zip(*kept, strict=True)]
             per_key.append((text_key, has, values))
         names = pc.take(name, need_rows).to_pylist()

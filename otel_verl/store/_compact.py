@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import gc
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -498,44 +499,34 @@ def _write_chunk(lake: str, columns: Columns, name: str,
     # of them finish before any rename, so the crash-safety order is the same)
     syncs = _Syncs()
     spans = columns.table()
-    span_keys = [spans.column(c).to_pylist() for c in ("TraceId", "experiment", "step")]
-    for trace, exp, step in zip(*span_keys, strict=True):
-        if step is not None:
-            trace_part.setdefault(trace, (exp, step))
+    _learn_partitions(spans, trace_part)
     for kind, table, keep in (("spans", spans, out[0]),
                               ("payload", columns.payload_table(), out[1])):
         if table.num_rows == 0:
             continue
-        keys = span_keys if kind == "spans" else [
-            table.column(c).to_pylist() for c in ("TraceId", "experiment", "step")]
-        names: dict[tuple[Any, Any], str] = {}
-        parts = []
-        for trace, exp, step in zip(*keys, strict=True):
-            key = (exp, step) if step is not None or exp is not None \
-                else trace_part.get(trace, (None, None))
-            part = names.get(key)
-            if part is None:
-                part = names[key] = _part_dir(*key)
-            parts.append(part)
-        # by partition, then trace (a stable sort, as sorted() on (part, trace) was)
-        order = pc.sort_indices(pa.table({"part": pa.array(parts, pa.string()),
-                                          "trace": table.column("TraceId")}),
+        part_column = _partition_dirs(table, trace_part)
+        # by partition, then trace (a stable sort, as sorted() on (part, trace) was); the take
+        # on one chunk (a take across chunks concatenates each column first: twice the copying)
+        order = pc.sort_indices(pa.table({"part": part_column, "trace": table.column("TraceId")}),
                                 sort_keys=[("part", "ascending"), ("trace", "ascending")])
-        table = table.take(order)
-        parts = [parts[i] for i in order.to_pylist()]
-        begin = 0
-        for end in range(1, len(parts) + 1):
-            if end < len(parts) and parts[end] == parts[begin]:
-                continue
-            rel = f"{kind}/{parts[begin]}/part-{name}.parquet"
+        table = table.combine_chunks().take(order)
+        part_column = part_column.take(order)
+        cuts = pc.indices_nonzero(pc.not_equal(part_column.slice(1),
+                                               part_column.slice(0, len(part_column) - 1)))
+        bounds = [0, *(i + 1 for i in cuts.to_pylist()), len(part_column)]
+        for begin, end in itertools.pairwise(bounds):
+            part = part_column[begin].as_py()
+            rel = f"{kind}/{part}/part-{name}.parquet"
             tmp = os.path.join(tmp_dir, f"{uuid.uuid4().hex}.parquet")
+            # span segments without dictionary pages: with 256-row groups and lz4 they saved
+            # nothing (2.50 MB without, 2.53 MB with, for 30k spans) and cost 20 % of the writing
             pq.write_table(table.slice(begin, end - begin), tmp,
                            compression="lz4" if kind == "spans" else "zstd",
-                           row_group_size=ROW_GROUP, write_statistics=True)
+                           row_group_size=ROW_GROUP, write_statistics=True,
+                           use_dictionary=kind != "spans")
             syncs.submit(_sync_file, tmp)
             moves.append((tmp, os.path.join(lake, rel)))
             keep.append(rel)
-            begin = end
     syncs.wait()
     for tmp, final in moves:
         os.makedirs(os.path.dirname(final), exist_ok=True)
@@ -544,6 +535,41 @@ def _write_chunk(lake: str, columns: Columns, name: str,
         syncs.submit(_sync_dir, directory)
     syncs.wait()
     return out
+
+
+def _learn_partitions(spans: pa.Table, trace_part: dict[str, tuple[Any, Any]]) -> None:
+    """``trace_part`` gets each trace's first ``(experiment, step)`` among the rows with a
+    step (a trace already there keeps its own)."""
+    keys = spans.select(["TraceId", "experiment", "step"])
+    stepped = keys.filter(pc.is_valid(keys.column("step")))
+    traces = stepped.column("TraceId").combine_chunks()
+    unique = pc.unique(traces)
+    first = pc.index_in(unique, value_set=traces)  # the first row of each trace
+    for trace, exp, step in zip(unique.to_pylist(),
+                                stepped.column("experiment").take(first).to_pylist(),
+                                stepped.column("step").take(first).to_pylist(), strict=True):
+        trace_part.setdefault(trace, (exp, step))
+
+
+def _partition_dirs(table: pa.Table, trace_part: dict[str, tuple[Any, Any]]) -> pa.Array:
+    """Each row's partition directory (:func:`_part_dir`): its own experiment and step, or,
+    with neither, its trace's from ``trace_part``."""
+    exp = table.column("experiment").combine_chunks()
+    step = table.column("step").combine_chunks()
+    own = pc.or_(pc.is_valid(exp), pc.is_valid(step))
+    if not pc.all(own, min_count=0).as_py():
+        traces = table.column("TraceId").combine_chunks()
+        lone = pc.unique(traces.filter(pc.invert(own)))
+        found = [trace_part.get(t, (None, None)) for t in lone.to_pylist()]
+        at = pc.index_in(traces, value_set=lone)
+        exp = pc.if_else(own, exp, pa.array([e for e, _ in found], pa.string()).take(at))
+        step = pc.if_else(own, step, pa.array([s for _, s in found], pa.int64()).take(at))
+    names = pc.unique(exp)
+    quoted = pa.array([NULL_PART if e is None else urllib.parse.quote(str(e), safe="")
+                       for e in names.to_pylist()], pa.string())
+    exp_text = quoted.take(pc.index_in(exp, value_set=names, skip_nulls=False))
+    step_text = pc.fill_null(step.cast(pa.string()), NULL_PART)
+    return pc.binary_join_element_wise("experiment=", exp_text, "/step=", step_text, "")
 
 
 def _sync_file(path: str) -> None:
