@@ -459,7 +459,7 @@ class DeltaChain:
                 self._marks.pop()
                 self._mark_ids.pop()
         else:
-            self._items = list(new)
+            self._items = _own_copy(new)
             self._marks = []
             self._mark_ids = []
         if not self._marks or self._marks[-1] != step.length:
@@ -481,7 +481,8 @@ class DeltaChain:
         else:  # messages: the node is written from its delta, so it is a copy (the caller's
             head = b""  # list may grow in place before the store's thread writes it)
             delta = list(new)
-        self._items = list(new)  # the chain's copy: the step encodes it (the caller's may change)
+        self._items = _own_copy(new)  # the chain's copy: the step encodes it (the caller's may
+        # change)
         step = PendingStep(self._kind, self._items, len(new), delta, head)
         self._marks, self._mark_ids = [step.length], [""]
         self._prompt_len = self._full_len = step.length
@@ -552,17 +553,49 @@ def _ends_match(items: list[Any], new: list[Any], n: int) -> bool:
     return n == 0 or (new[n - 1] == items[n - 1] and new[0] == items[0])
 
 
+#: spare room in the chain's own copy of a prompt: what the following turns append to it goes
+#: in without the list growing (a grown list is a copy of the whole context)
+_ROOM = [0] * 4096
+
+
+def _own_copy(items: list[Any]) -> list[Any]:
+    """A copy of ``items`` (the chain's own) with room for ``len(_ROOM)`` more items: one
+    allocation and one C-level pass, as ``list(items)``, and no regrowth (a reallocation and
+    copy of the whole context) when the next turns extend it."""
+    copy = items + _ROOM
+    del copy[len(items):]  # a list keeps its allocation when shrunk by less than half
+    return copy
+
+
 def _is_prefix(items: list[Any], new: list[Any], n: int) -> bool:
     """``new[:n] == items[:n]`` (both at least ``n`` long, else False), with as few copies as
     possible: the ends first (a prompt that does not extend fails in O(1)), then one C-level
-    comparison over a slice only where one side is longer than ``n``."""
+    comparison of equal-length lists.
+
+    ``items`` is the chain's own list (nobody else holds it): where it costs less than slicing
+    the ``n``-item prefixes (a long context, a short tail), it is brought to ``new``'s length
+    in place (its tail set aside, ``new``'s tail appended: O(the tails)), compared, and put back
+    as it was; the caller's ``new`` is never changed."""
     if not _ends_match(items, new, n):
         return False
     if n == 0:
         return True
-    if len(new) == n:
-        return new == items if len(items) == n else new == items[:n]
-    return new[:n] == items if len(items) == n else new[:n] == items[:n]
+    over_items, over_new = len(items) - n, len(new) - n
+    if over_items == 0 and over_new == 0:
+        return new == items
+    if over_items + over_new >= n:  # short prefixes: slices of them are the cheaper copies
+        return (new[:n] if over_new else new) == (items[:n] if over_items else items)
+    kept = items[n:] if over_items else None
+    try:
+        if kept is not None:
+            del items[n:]
+        if over_new:
+            items.extend(new[n:])
+        return items == new
+    finally:
+        del items[n:]
+        if kept is not None:
+            items.extend(kept)
 
 
 #: the key of a reference object inside a payload (docs/content.md)
