@@ -188,10 +188,10 @@ class _Attribute:
     its ``stringValue`` / ``intValue`` / ``doubleValue`` / ``boolValue`` per span (null where
     absent), each built when first asked for."""
 
-    def __init__(self, mask: Any, kv_off: Any, members: tuple[Any, ...], n: int) -> None:
-        pos = _positions(mask, kv_off)
-        self._has = pc.less(pos.slice(0, n), pos.slice(1))
-        self._rows = pc.indices_nonzero(mask)  # (a take of these: cheaper than filters)
+    def __init__(self, rows: Any, kv_span: Any, spans: Any, members: tuple[Any, ...]) -> None:
+        n = len(spans)
+        self._has = pc.is_in(spans, value_set=pc.take(kv_span, rows))
+        self._rows = rows  # the attribute rows with this key, in span order
         self._members = members
         self._n = n
         self._filtered: dict[int, Any] = {}
@@ -331,12 +331,20 @@ def _build(lines: pa.Array, starts: list[int], start: int, source: str
     encoded = pc.dictionary_encode(key)
     key_index = encoded.indices.cast(_I64)
     dictionary = encoded.dictionary
-    if len(kv) > 1:  # a key twice in one span: equal neighbours once sorted (a sort, not a
-        # hash: 10x cheaper here)
-        pair = pc.add(pc.multiply(kv_span.cast(_I64), len(dictionary)), key_index)
-        pair = pc.take(pair, pc.array_sort_indices(pair))
-        _check(pc.not_equal(pair.slice(1), pair.slice(0, len(pair) - 1)))
-    key_pos = {k: i for i, k in enumerate(dictionary.to_pylist())}
+    # the attribute rows sorted by key, then span (a stable sort): each key's rows are one run,
+    # and a key twice in one span is two equal neighbours (a sort, not a hash: 10x cheaper)
+    pair = pc.add(pc.multiply(key_index, n), kv_span.cast(_I64))
+    by_key = pc.array_sort_indices(pair)
+    run_bounds = [0]
+    if len(kv):
+        pair = pc.take(pair, by_key)
+        _check(pc.not_equal(pair.slice(1), pair.slice(0, len(kv) - 1)))
+        sorted_keys = pc.take(key_index, by_key)
+        runs = pc.indices_nonzero(pc.not_equal(sorted_keys.slice(1),
+                                               sorted_keys.slice(0, len(kv) - 1)))
+        run_bounds = [0, *(i + 1 for i in runs.to_pylist()), len(kv)]
+    key_pos = {k: i for i, k in enumerate(dictionary.to_pylist())}  # its run, in key order
+    span_range = pa.array(range(n), _I64)
     dbl_valid = pc.is_valid(m_dbl)
     dbl_text = pa.array([repr(x) for x in m_dbl.filter(dbl_valid).to_pylist()], _STR)
     text = pc.coalesce(m_str, m_int.cast(_STR), _scatter(dbl_valid, dbl_text, len(kv)),
@@ -355,7 +363,8 @@ def _build(lines: pa.Array, starts: list[int], start: int, source: str
         if name not in lookups:
             index = key_pos.get(name)
             lookups[name] = None if index is None else _Attribute(
-                pc.equal(key_index, index), kv_off, member_arrays, n)
+                by_key.slice(run_bounds[index], run_bounds[index + 1] - run_bounds[index]),
+                kv_span, span_range, member_arrays)
         return lookups[name]
 
     null_str, null_int = pa.nulls(n, _STR), pa.nulls(n, _I64)
