@@ -81,17 +81,31 @@ def segment_files(directory: str | os.PathLike[str]) -> tuple[list[str], list[st
     return [os.path.join(lake, s) for s in manifest.segments], list(manifest.excluded)
 
 
-def _with_bucket(batch: pa.Table, key_sql: str, buckets: int, excluded: Sequence[str] = ()
-                 ) -> pa.Table:
+def _with_bucket(batch: pa.Table, key_sql: str, buckets: int,
+                 excluded: Sequence[tuple[str, str]] = ()) -> pa.Table:
     """The batch with a ``bucket`` column (DuckDB's hash of ``key_sql``, the same in every
-    worker), less the rows of excluded source generations."""
+    worker), less the rows of excluded source generations: ``excluded`` holds (segment file,
+    source) pairs, matched against the batch's ``path`` column (dropped) when it has one, since
+    two nodes may name the same source (a collector's ``traces.jsonl`` on each) and only the
+    node that replaced it excludes its old rows."""
     con = duckdb.connect(":memory:")
     try:
         con.register("batch", batch)
-        where = (f"WHERE source IS NULL OR source NOT IN ({', '.join(_q(s) for s in excluded)})"
-                 if excluded else "")
+        rows, where = "batch", ""
+        if "path" in batch.column_names:
+            rows = ("(SELECT * EXCLUDE (path) FROM batch b WHERE b.source IS NULL OR NOT EXISTS "
+                    "(SELECT 1 FROM excluded x WHERE x.source = b.source AND x.path = "
+                    "regexp_replace(b.path, '^[A-Za-z0-9+.-]+://', '')))")
+            con.register("excluded", pa.table({"path": [p.split("://", 1)[-1]
+                                                        for p, _ in excluded],
+                                               "source": [s for _, s in excluded]},
+                                              schema=pa.schema([("path", pa.string()),
+                                                                ("source", pa.string())])))
+        elif excluded:
+            where = (f"WHERE source IS NULL OR source NOT IN "
+                     f"({', '.join(_q(s) for _, s in excluded)})")
         return con.execute(f"SELECT *, (hash({key_sql}) % {int(buckets)})::BIGINT AS bucket "
-                           f"FROM batch {where}").to_arrow_table()
+                           f"FROM {rows} {where}").to_arrow_table()
     finally:
         con.close()
 
@@ -132,22 +146,27 @@ def _buckets(buckets: int | None) -> int:
 def spans(dirs: Iterable[str | os.PathLike[str]], *, buckets: int | None = None
           ) -> ray.data.Dataset:
     """The span rows (:data:`SPAN_COLUMNS` and ``bucket``, by ``TraceId``) of every node's
-    segments, as one Ray dataset."""
+    segments, as one Ray dataset.
+
+    One ``read_parquet`` over every node's files (one read per node, unioned, cost a dataset
+    plan and its file listing each: 3-6x slower for three small stores), each row carrying its
+    file's path until the node's own excluded generations are dropped."""
     import ray.data
 
-    parts = []
+    files: list[str] = []
+    excluded: list[tuple[str, str]] = []
     n = _buckets(buckets)
     for directory in dirs:
-        files, excluded = segment_files(directory)
-        if not files:
-            continue
-        ds = ray.data.read_parquet(files, columns=list(SPAN_COLUMNS), partitioning=None)
-        parts.append(ds.map_batches(_with_bucket, batch_format="pyarrow", fn_kwargs={
-            "key_sql": "TraceId", "buckets": n, "excluded": excluded}))
-    if not parts:
+        mine, gone = segment_files(directory)
+        files.extend(mine)
+        excluded.extend((path, source) for path in mine for source in gone)
+    if not files:
         raise FileNotFoundError("no compacted segments in any of the stores (run otel-verl "
                                 "compact --live --dir DIR on each)")
-    return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+    ds = ray.data.read_parquet(files, columns=list(SPAN_COLUMNS), partitioning=None,
+                               include_paths=bool(excluded))
+    return ds.map_batches(_with_bucket, batch_format="pyarrow", fn_kwargs={
+        "key_sql": "TraceId", "buckets": n, "excluded": excluded})
 
 
 def trajectories(dirs: Iterable[str | os.PathLike[str]], *, buckets: int | None = None,

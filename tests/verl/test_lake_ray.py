@@ -68,9 +68,18 @@ def test_ray_data_over_three_nodes_equals_one_machine(tmp_path: Path, ray_cluste
     for i, path in enumerate(sorted(whole.glob("*.jsonl"))):
         node = tmp_path / f"node{i}"
         node.mkdir()
-        shutil.copy(path, node / path.name)
+        # every node's file has the same name (a gateway collector's file output on each), so
+        # the nodes' source ids are the same ("traces.jsonl#0")
+        name = node / "otel_verl-traces.jsonl"
+        if i == 0:  # node 0's file was replaced after a compaction: its generation 0 is
+            # excluded there, and only there (nodes 1 and 2 read their generation 0)
+            S.write_store(tmp_path / "old", 99, steps=1, prompts=1, n=2, files=1)
+            shutil.copy(next((tmp_path / "old").glob("*.jsonl")), name)
+            compact(node, live_bytes=0)
+        shutil.copy(path, name)
         compact(node, live_bytes=0)  # one segment per step partition
         nodes.append(str(node))
+    assert _ray.segment_files(nodes[0])[1] and not _ray.segment_files(nodes[1])[1]
     with Lake.open(whole) as lake:
         want_steps = lake.steps()
         want_rows = {r["key"]: r for r in lake.trajectories(limit=None)["rows"]}
@@ -78,8 +87,9 @@ def test_ray_data_over_three_nodes_equals_one_machine(tmp_path: Path, ray_cluste
 
     started = time.monotonic()
     span_rows = _ray.spans(nodes).materialize()
-    assert span_rows.num_blocks() >= 3  # one dataset, several blocks, read by several tasks
     trajectory_rows = _ray.trajectories(nodes, span_rows=span_rows).materialize()
+    # one dataset, its groups computed by several tasks (a block per hash bucket: 2 per CPU)
+    assert trajectory_rows.num_blocks() >= 2
     got_steps = _ray.step_statistics(nodes, span_rows=span_rows,
                                      trajectory_rows=trajectory_rows)
     got_rows = {r["key"]: r for r in trajectory_rows.take_all()}
@@ -98,5 +108,3 @@ def test_ray_data_over_three_nodes_equals_one_machine(tmp_path: Path, ray_cluste
         for column, value in want.items():
             assert _same(got_rows[key][column], value), (key, column, got_rows[key][column],
                                                          value)
-    assert _ray.step_statistics(nodes, "no-such-experiment", span_rows=span_rows,
-                                trajectory_rows=trajectory_rows) == []
