@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
-from uihelpers import UIProcess, goto, shot
+from uihelpers import UIProcess, goto, leave, shot
 
 from otel_verl.store import list_files
 
@@ -77,6 +77,7 @@ def test_bad_store_is_shown_with_what_was_skipped(page, real_store, tmp_path, ar
         expect(page.get_by_test_id("problems")).not_to_contain_text("incomplete line",
                                                                     timeout=15_000)
     finally:
+        leave(page)
         server.stop()
     assert any("bad line" in line for line in server.log), server.log
 
@@ -136,4 +137,5 @@ def test_a_poisoned_store_serves_every_good_trajectory(page, real_store, tmp_pat
             goto(page, server.url, f"#/trajectory?key={key}")
             expect(page.get_by_test_id("conversation")).to_be_visible()
     finally:
+        leave(page)
         server.stop()

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from playwright.sync_api import expect
-from uihelpers import HERE, UIProcess, _env, goto, shot
+from uihelpers import HERE, UIProcess, _env, goto, leave, shot
 
 
 def test_flag_filter_and_evidence(page, tmp_path, artifacts):
@@ -36,4 +36,5 @@ def test_flag_filter_and_evidence(page, tmp_path, artifacts):
         expect(panel).to_contain_text("length_cap")
         shot(page, artifacts, "flags-panel")
     finally:
+        leave(page)
         ui.stop()

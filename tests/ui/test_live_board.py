@@ -21,7 +21,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from uihelpers import ROOT, UIProcess, goto, shot
+from uihelpers import ROOT, UIProcess, goto, leave, shot
 
 from otel_verl import RolloutTraceConfig, rollout_trace_attr
 from otel_verl.rollout.agent_loop import ToolAgentLoop
@@ -162,6 +162,7 @@ def test_live_board_shows_the_stuck_tool_first_and_drops_it_when_done(page, tmp_
         expect(page.locator('[data-testid="live-stuck"]')).to_have_count(0, timeout=10_000)
         expect(page.locator('[data-testid="live-op"]')).to_have_count(0, timeout=10_000)
     finally:
+        leave(page)
         hanging.release.set()
         ui.stop()
         RolloutTraceConfig.shutdown(10.0)
@@ -216,6 +217,7 @@ def test_live_board_shows_a_held_engine_request_with_its_request_id(page, tmp_pa
         expect(page.locator('[data-testid="live-stuck"]')).to_have_count(0, timeout=10_000)
         expect(page.locator('[data-testid="live-op"]')).to_have_count(0, timeout=10_000)
     finally:
+        leave(page)
         _Engine.release.set()
         ui.stop()
         RolloutTraceConfig.shutdown(10.0)

@@ -21,6 +21,7 @@ from uihelpers import (
     UIProcess,
     edge_rollouts,
     goto,
+    leave,
     shot,
 )
 
@@ -256,4 +257,5 @@ def test_new_trajectories_appear_while_the_run_writes(page, real_store, trajecto
         expect(page.get_by_test_id("live")).to_contain_text(
             f"{len(trajectories) + 3} trajectories")
     finally:
+        leave(page)
         server.stop()
