@@ -853,8 +853,12 @@ def _cmd_live(args: argparse.Namespace) -> int:
               f"{os.path.join(args.dir, 'live')})")
     for worker in view["workers"]:
         state = "LOST" if worker["lost"] else "live"
+        # a trajectory in flight is a row too (its own span): stuck rows = trajectories + ops
+        stuck_traj = sum(1 for op in worker["ops"] if op["stuck"] and op.get("trajectory"))
+        stuck_ops = sum(1 for op in worker["ops"] if op["stuck"] and not op.get("trajectory"))
         print(f"{worker['worker']}  {state}  heartbeat {worker['heartbeat_age_s']:.1f}s ago  "
-              f"{worker['trajectories']} trajectories, {worker['stuck']} stuck")
+              f"{worker['trajectories']} trajectories ({stuck_traj} stuck), "
+              f"{stuck_ops} stuck ops")
         for op in worker["ops"]:
             flag = "STUCK " if op["stuck"] else "      "
             waits = op.get("waiting_on") or {}
