@@ -34,6 +34,7 @@ from typing import Any
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import ReadableSpan, sampling
 from opentelemetry.sdk.trace import Span as SdkSpan
@@ -395,7 +396,10 @@ def _light_span_ok() -> bool:
             return False
         if _users("_events") != _EVENT_USERS or _users("_links") != _LINK_USERS:
             return False
-        provider = sdk_trace.TracerProvider(shutdown_on_exit=False)
+        # a private provider (no exit hook, no metrics; its own sampler: never the one
+        # OTEL_TRACES_SAMPLER names, which may not record at all)
+        provider = sdk_trace.TracerProvider(sampler=sampling.ALWAYS_ON, shutdown_on_exit=False,
+                                            meter_provider=NoOpMeterProvider())
         tracer: Any = provider.get_tracer("otel_verl.probe")
         theirs: Any = tracer.start_span("probe", attributes={"k": "v"})
         fields = vars(theirs)

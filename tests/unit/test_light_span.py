@@ -312,6 +312,13 @@ def test_an_sdk_of_another_shape_takes_the_sdk_path(monkeypatch):
     assert dict(finished.attributes) == {"a": 1, "b": 2} and finished.kind is SpanKind.CLIENT
 
 
+def test_the_shape_check_does_not_depend_on_the_environment_s_sampler(monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    assert _hotpath._light_span_ok()
+    tracer, exporter = _tracer()  # this provider's sampler is always_off: the SDK path
+    assert type(start_span(tracer, "op")) is NonRecordingSpan
+
+
 def test_the_traced_api_without_the_light_span(monkeypatch):
     monkeypatch.setattr(_hotpath, "LIGHT_SPAN_OK", False)
     exporter = InMemorySpanExporter()
