@@ -37,11 +37,11 @@ Usage (what ``otel_verl._capture`` does per LLM call)::
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import logging
 import os
+import queue
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -296,29 +296,25 @@ class _Deferred:
     forked child: a step a parent queued is resolved by whoever needs it)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._queue: collections.deque[PendingStep] = collections.deque()
-        self._thread: threading.Thread | None = None
+        # a SimpleQueue: put/get in C, no Python-level Condition on the event loop per submit
+        self._queue: queue.SimpleQueue[PendingStep] = queue.SimpleQueue()
+        self._start = threading.Lock()  # taken only to start the thread (first use, after fork)
         self._pid = 0
 
     def submit(self, step: PendingStep) -> None:
-        with self._cond:
-            self._queue.append(step)
-            if self._thread is None or self._pid != os.getpid():
-                self._queue = collections.deque([step])
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="otel_verl-content-hash",
-                                                daemon=True)
-                self._thread.start()
-            else:
-                self._cond.notify()
+        if self._pid != os.getpid():
+            with self._start:
+                if self._pid != os.getpid():
+                    self._queue = queue.SimpleQueue()  # a forked child: the parent's queue stays
+                    threading.Thread(target=self._run, args=(self._queue,),
+                                     name="otel_verl-content-hash", daemon=True).start()
+                    self._pid = os.getpid()
+        self._queue.put(step)
 
-    def _run(self) -> None:
+    @staticmethod
+    def _run(steps: queue.SimpleQueue[PendingStep]) -> None:
         while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                step = self._queue.popleft()
+            step = steps.get()
             try:
                 step.resolve()
             except Exception as exc:  # noqa: BLE001 - the caller resolves it again, or says so
