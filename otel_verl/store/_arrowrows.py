@@ -15,8 +15,8 @@ It takes only what the OTLP/JSON writers produce, and proves it before appending
   (snake_case fields, ``arrayValue`` / ``kvlistValue`` / ``bytesValue``, links' contents, an
   ``instrumentationLibrarySpans``), a member of another JSON type (an ``intValue`` as a JSON
   number, a time as a number), a repeated key in one object, a lone surrogate, invalid JSON;
-- then the checks here: one value per line (Arrow would read ``{}{}`` on one line as two), no
-  blank line, no ``"field": null`` (Arrow reads null as absent, the codec does not always),
+- then the checks here: valid UTF-8 (Arrow does not check it), no byte-order mark, one value
+  per line (Arrow would read ``{}{}`` on one line as two), no blank line, no ``"field": null`` (Arrow reads null as absent, the codec does not always),
   canonical lower-case hex ids, decimal times and ``intValue`` strings of
   at most 19 and 18 digits, finite doubles, known kinds and status codes, exactly one
   ``AnyValue`` member, no repeated attribute key in a span, no link.
@@ -222,7 +222,11 @@ def add_stretch(columns: S.Columns, data: bytes, start: int, source: str) -> int
         The number of lines, or None when the stretch needs the per-line decoder (nothing was
         appended).
     """
-    if _structural_null(data):
+    if _structural_null(data) or b"\xef\xbb\xbf" in data:  # (a BOM: Arrow skips it, orjson not)
+        return None
+    try:  # pyarrow.json does not check UTF-8; the per-line decoder refuses such a line
+        data.decode()
+    except UnicodeDecodeError:
         return None
     found = _line_starts(data)
     if found is None:
@@ -242,7 +246,7 @@ def add_stretch(columns: S.Columns, data: bytes, start: int, source: str) -> int
             built.append(_build(batch.column(0), starts[first:first + batch.num_rows], start,
                                 source))
             first += batch.num_rows
-    except _Refused:
+    except Exception:  # noqa: BLE001 - _Refused, or anything else Arrow or Python refused here
         return None
     for spans, payload in built:
         columns.add_tables(spans, payload)

@@ -430,7 +430,31 @@ _REFUSED = {
     "an unknown status": _good_line(status={"code": 3}),
     "no resourceSpans": b'{"resource_spans": []}',
     "a top-level list": b"[]",
+    "invalid UTF-8": _good_line().replace(b'"v"', b'"v\xff"'),
+    "a UTF-8 surrogate": _good_line().replace(b'"v"', b'"\xed\xa0\x80"'),
+    "a byte-order mark": b"\xef\xbb\xbf" + _good_line(),
+    "a number as flags": _good_line().replace(b'"status": {}', b'"status": {}, "flags": 1e2'),
 }
+
+_TAKEN = {
+    "an escaped field name": _good_line().replace(b'"name": "n"', b'"na\\u006de": "n"'),
+    "escapes": _good_line().replace(b'"v"', b'"a\\/b\\u00E9\\ud83d\\ude00\x7f"'),
+    "tabs between members": _good_line().replace(b'{"key": "k"', b'{\t"key":\t"k"'),
+    "a -0 kind": _good_line().replace(b'"kind": 1', b'"kind": -0'),
+    "CRLF": _good_line() + b"\r",
+    "an empty line's worth of spans": b'{"resourceSpans": []}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TAKEN))
+def test_columnar_takes_valid_variants(tmp_path: Path, name: str) -> None:
+    """Valid JSON spellings orjson reads: the columnar decoder takes them, with the codec's
+    rows."""
+    path = tmp_path / "otel_verl-taken.jsonl"
+    path.write_bytes(_good_line() + b"\n" + _TAKEN[name] + b"\n")
+    old, new = _decode([str(path)], legacy=True), _decode([str(path)], legacy=False)
+    assert ARROW_STRETCHES[0] == 1
+    assert new == old
 
 
 @pytest.mark.parametrize("name", sorted(_REFUSED))
