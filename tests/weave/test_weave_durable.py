@@ -113,11 +113,18 @@ def test_the_next_process_delivers_to_weave_what_an_earlier_one_left(weave_serve
     ids = _record(50, step=0)
     RolloutTraceConfig.flush(0.5)
     RolloutTraceConfig.shutdown(1.0)  # the server is still down: the spans stay in the log
+    # a sender inside an export when its shutdown ran out stops after that export: wait for it,
+    # or the "earlier process" could still deliver once the server is back (a process that
+    # exits takes its threads with it)
+    assert _wait(lambda: not any(t.name == "otel_verl-deliver" and t.is_alive()
+                                 for t in threading.enumerate()), 30), "the sender never stopped"
     _restart(weave_server, port)
     RolloutTraceConfig.reset()
     _init(weave_server, tmp_path)  # "the next process": same trace dir, same backend
     assert _wait(lambda: _call_ids(weave_server) >= ids, 30)
-    assert RolloutTraceConfig.stats()["recovered"] >= 50
+    # the server stores the calls before its answer reaches the sender, which counts them then
+    assert _wait(lambda: RolloutTraceConfig.stats()["recovered"] >= 50, 10), \
+        RolloutTraceConfig.stats()
 
 
 def test_a_call_weaves_server_refuses_is_quarantined_at_once_with_no_strikes(
