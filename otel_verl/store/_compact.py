@@ -2,7 +2,7 @@
 
 Layout, beside the store (``<trace_dir>/.otel_verl_lake/``)::
 
-    manifest.v1                      which bytes of which store file are in which segments
+    manifest.v2                      which bytes of which store file are in which segments
     spans/experiment=<e>/step=<n>/part-<run>-<chunk>.parquet     one row per span (_schema)
     payload/experiment=<e>/step=<n>/part-<run>-<chunk>.parquet   the spans' payload content
     tmp/                             segments being written (removed by the next compaction)
@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -62,7 +63,12 @@ __all__ = ["SKIP_DIRS", "BackgroundCompactor", "CompactStats", "Manifest", "comp
            "pending_bytes"]
 
 LAKE_DIR = ".otel_verl_lake"
-MANIFEST = "manifest.v1"
+#: the lake's layout version is its manifest's name. v2: the answer column via ``answer_text``
+#: (store index schema 6; v1 lakes kept token2text's trailing ``<|im_end|>``). A lake of an
+#: older layout is derived data: the next compaction removes it and compacts the store again;
+#: until then readers find no manifest and read the raw files.
+MANIFEST = "manifest.v2"
+OLD_MANIFESTS = ("manifest.v1",)
 #: directories under the store that hold no span lines: the lake itself, the content store
 SKIP_DIRS = (LAKE_DIR + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
 NULL_PART = "__HIVE_DEFAULT_PARTITION__"
@@ -360,6 +366,7 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
         except BlockingIOError:
             stats.busy = True
             return stats
+        _retire_old_layout(lake)
         manifest = Manifest.load(lake)
         _remove_orphans(lake, manifest)
         trace_part: dict[str, tuple[Any, Any]] = {}
@@ -617,6 +624,22 @@ def _known_partitions(lake: str, runs: int) -> dict[str, tuple[Any, Any]]:
                                          table.column("experiment").to_pylist(),
                                          table.column("step").to_pylist(), strict=True)
             if s is not None}
+
+
+def _retire_old_layout(lake: str) -> None:
+    """A lake written by an older layout (its manifest has another name): remove its segments,
+    payloads and caches, then its manifest (last: a compaction killed midway does it again).
+    Called under the lake's lock."""
+    old = [os.path.join(lake, name) for name in OLD_MANIFESTS]
+    if os.path.exists(os.path.join(lake, MANIFEST)) or not any(map(os.path.exists, old)):
+        return
+    for kind in ("spans", "payload", "trajectories", "tmp"):
+        shutil.rmtree(os.path.join(lake, kind), ignore_errors=True)
+    os.makedirs(os.path.join(lake, "tmp"), exist_ok=True)
+    for path in old:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    _sync_dir(lake)
 
 
 def _remove_orphans(lake: str, manifest: Manifest) -> None:

@@ -88,7 +88,9 @@ def _signature(trace_dir: str) -> tuple[Any, ...]:
         paths = list_files(trace_dir)
     except FileNotFoundError:
         paths = []
-    manifest = os.path.join(trace_dir, ".otel_verl_lake", "manifest.v1")
+    from otel_verl.store._compact import LAKE_DIR, MANIFEST
+
+    manifest = os.path.join(trace_dir, LAKE_DIR, MANIFEST)
     for path in [*paths, manifest]:
         try:
             st = os.stat(path)

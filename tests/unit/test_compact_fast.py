@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from otel_verl.store import _compact, list_files
 from otel_verl.store._arrowrows import add_stretch
-from otel_verl.store._compact import compact, decode_range, lake_dir
+from otel_verl.store._compact import MANIFEST, compact, decode_range, lake_dir
 from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_bench_store_same_rows_and_compacts(tmp_path: Path) -> None:
     _assert_same_rows(paths, min_rows=spans, arrow_stretches=2)
     stats = compact(tmp_path, live_bytes=0)
     assert stats.spans == spans
-    assert Path(lake_dir(tmp_path), "manifest.v1").exists()
+    assert Path(lake_dir(tmp_path), MANIFEST).exists()
 
 
 # --- generated spans: every field canonical or damaged ------------------------------------------
