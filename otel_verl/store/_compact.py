@@ -128,6 +128,11 @@ class Manifest:
         _sync_dir(lake)
 
     @staticmethod
+    def path_of(trace_dir: str | os.PathLike[str]) -> str:
+        """Where a store's manifest of this layout is (its name is the layout's version)."""
+        return os.path.join(lake_dir(trace_dir), MANIFEST)
+
+    @staticmethod
     def source_id(path: str, gen: int) -> str:
         return f"{path}#{gen}"
 

@@ -88,9 +88,9 @@ def _signature(trace_dir: str) -> tuple[Any, ...]:
         paths = list_files(trace_dir)
     except FileNotFoundError:
         paths = []
-    from otel_verl.store._compact import LAKE_DIR, MANIFEST
+    from otel_verl.store import Manifest
 
-    manifest = os.path.join(trace_dir, LAKE_DIR, MANIFEST)
+    manifest = Manifest.path_of(trace_dir)
     for path in [*paths, manifest]:
         try:
             st = os.stat(path)
