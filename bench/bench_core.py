@@ -127,8 +127,11 @@ def main() -> int:
                                  "output.mime_type": "application/json"})
             return result
 
+    # a temp trace dir: what the NullExporter has not taken at shutdown goes to the durable log
+    # there, not to ./otel_verl_traces of whatever directory the bench runs in
     RolloutTraceConfig.init("bench", "bench", "console", exporter=NullExporter(),
-                            max_queue_size=1 << 20, capture_payloads=payloads)
+                            max_queue_size=1 << 20, capture_payloads=payloads,
+                            trace_dir=tempfile.mkdtemp(prefix="bench-core-"))
     loop = Loop()
 
     def traced():
