@@ -3,12 +3,10 @@ disk (each batch is flushed to the OS), and the next reader rebuilds every such 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from _killed_child import run_killed
 
 from otel_verl import _content
 from otel_verl.store._content import ContentIndex
@@ -28,13 +26,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_nodes_written_before_a_sigkill_survive_it(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert "put" in proc.stdout
+    run_killed(CHILD, tmp_path, "put")
     index = ContentIndex.load(tmp_path)
     assert index.bad_lines == 0
     for i in range(200):

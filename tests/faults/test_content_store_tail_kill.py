@@ -4,12 +4,10 @@ thread woken at the decision), and the dropped ones left nothing there."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from _killed_child import run_killed
 
 from otel_verl import _content
 from otel_verl.store._content import ContentIndex
@@ -40,13 +38,7 @@ CHILD = textwrap.dedent("""
 
 def test_a_kept_trajectorys_content_survives_a_sigkill_and_dropped_ones_left_none(
         tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert "decided" in proc.stdout
+    run_killed(CHILD, tmp_path, "decided")
     index = ContentIndex.load(tmp_path)
     assert index.bad_lines == 0
     shared = list(range(1000, 9000))
