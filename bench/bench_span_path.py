@@ -21,38 +21,20 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
+from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_verl import RolloutTraceConfig, _hotpath, rollout_trace_attr, rollout_trace_op
+from otel_verl import RolloutTraceConfig, _hotpath, rollout_trace_attr
 from otel_verl._state import STATE
 from otel_verl.exporters._processor import BoundedBatchProcessor
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported
+from bench_core import Loop, NullExporter  # noqa: E402 - the same op and exporter
+from bench_core import per_call_us as _block  # noqa: E402
+
 MESSAGES = [{"role": "user", "content": "What is 12*7? Use the calculator."}]
-
-
-class NullExporter(SpanExporter):
-    def export(self, spans):
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self):
-        pass
-
-
-class Loop:
-    @rollout_trace_op
-    def generate(self, messages, temperature=1.0):
-        return {"n": len(messages)}
-
-
-def _block(fn: Callable[[], object], n: int) -> float:
-    start = time.perf_counter_ns()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter_ns() - start) / n / 1000.0
 
 
 def _tracked_per_open_span(start: Callable[[], object], n: int = 300) -> float:
