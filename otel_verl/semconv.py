@@ -174,6 +174,13 @@ class GenAIOperation:
     EVALUATE: Final = "evaluate"  # otel_verl's name for reward spans (no GenAI value exists yet)
 
 
+#: the ``gen_ai.operation.name`` values of a model call, for every reader (the write side's
+#: detectors, the store's record, compaction): a tuple, since an attribute may be a list, which a
+#: set would refuse to hash
+LLM_OPERATIONS: Final = (GenAIOperation.CHAT, GenAIOperation.TEXT_COMPLETION,
+                         GenAIOperation.GENERATE_CONTENT)
+
+
 # --- resource -----------------------------------------------------------------------------------
 SERVICE_NAME: Final = "service.name"
 HOST_NAME: Final = "host.name"

@@ -94,7 +94,7 @@ FORMAT_FAILURE_LABELS = frozenset(("no_answer", "format_error", "parse_error", "
 CORRECTNESS_COMPONENTS = ("correctness", "correct", "accuracy")
 _PAUSE_S = 0.05  # the worker's pause between batches (wakes <= 20 times a second)
 _EVIDENCE_CHARS = 512  # an evidence JSON string is cut to this length
-_LLM_OPERATIONS = frozenset(("chat", "text_completion", "generate_content"))
+_LLM_OPERATIONS = semconv.LLM_OPERATIONS  # a tuple: an attribute may be an unhashable list
 _LENGTH_FINISH = frozenset(semconv.TRUNCATING_FINISH_REASONS)
 
 

@@ -72,10 +72,8 @@ SpanLike = SpanRecord | Mapping[str, Any]
 
 from otel_verl import semconv  # noqa: E402 - the types above stand alone
 
-#: the ``gen_ai.operation.name`` values of a model call (a tuple: an attribute may be a list,
-#: which a set would refuse to hash)
-LLM_OPERATIONS = (semconv.GenAIOperation.CHAT, semconv.GenAIOperation.TEXT_COMPLETION,
-                  semconv.GenAIOperation.GENERATE_CONTENT)
+#: the ``gen_ai.operation.name`` values of a model call (``semconv.LLM_OPERATIONS``)
+LLM_OPERATIONS = semconv.LLM_OPERATIONS
 _LLM_OPERATIONS = LLM_OPERATIONS
 _EXECUTE_TOOL = semconv.GenAIOperation.EXECUTE_TOOL
 _EXCEPTION_TYPE = "exception.type"

@@ -211,6 +211,19 @@ def test_hostile_spans_never_break_the_detectors(attribute_sets, operation):
     provider.shutdown()
 
 
+def test_a_stored_span_whose_operation_is_a_list_is_read_not_raised():
+    """A decoded store line can carry ``gen_ai.operation.name`` as a JSON list (unhashable): the
+    detectors' reader takes it as "not a model call", as the store's record does."""
+    spans = [{"span_id": "01", "name": "traj", "attributes": {semconv.OTEL_VERL_TRAJECTORY: True}},
+             {"span_id": "02", "name": "odd", "start_ns": 1,
+              "attributes": {semconv.GEN_AI_OPERATION_NAME: ["chat", "x"]}},
+             {"span_id": "03", "name": "chat", "start_ns": 2,
+              "attributes": {semconv.GEN_AI_OPERATION_NAME: "chat",
+                             semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 5}}]
+    record = _detect.record_from_spans(spans)
+    assert [turn.output_tokens for turn in record.turns] == [5]
+
+
 def test_reward_components_and_a_per_turn_reward_are_evaluation_results():
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import InMemoryLogExporter, SimpleLogRecordProcessor
