@@ -28,6 +28,10 @@ from otel_verl._payload import Payload, to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler
 from otel_verl.exporters._delivery import LOSS_KEYS
+
+#: the content store's counters that mean content was not stored (``content_discarded`` is not one:
+#: that is a tail-dropped trajectory's content, given back by design)
+CONTENT_LOSS_KEYS = ("content_dropped", "content_dropped_bytes", "content_errors")
 from otel_verl.exporters._processor import hand_queues_to_exporters
 from otel_verl.exporters._spans import shutdown_within
 
@@ -108,6 +112,11 @@ class Runtime:
         lost = {k: v for k, v in counts.items() if k in LOSS_KEYS and v}
         if lost:
             _log.warning("otel_verl: not every span was delivered: %s", lost)
+        content = {k: counts[k] for k in CONTENT_LOSS_KEYS if counts.get(k)}
+        if content:  # the content store's own first warning came when it happened; this is the sum
+            _log.warning("otel_verl: not all payload content reached the content store: %s (those "
+                         "spans say otel_verl.content.stored=missing; raise content_store_bytes)",
+                         content)
         if counts.get("spool_pending"):
             _log.warning("otel_verl: %d span(s) wait in the durable log for delivery (the next "
                          "process with this trace dir and backend delivers them, or `otel-verl "

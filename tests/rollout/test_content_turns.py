@@ -181,6 +181,9 @@ def test_a_full_content_store_is_counted_said_and_never_silently_wrong(tmp_path,
     assert calls[0]["attributes"][semconv.CONTENT_STORED] == "missing"
     assert "content store is full" in caplog.text
     assert RolloutTraceConfig.stats()["content_dropped"] >= 1
+    # and the shutdown's loss report sums it up, with the spans' delivery losses
+    assert "not all payload content reached the content store" in caplog.text
+    assert "'content_dropped': " in caplog.text
     index = ContentIndex.load(tmp_path)
     with pytest.raises(ContentError, match="missing"):
         index.rebuild(calls[0]["attributes"][semconv.CONTENT_ID])
