@@ -28,14 +28,14 @@ from otel_verl._payload import Payload, to_payload
 from otel_verl._provider import SCOPE_NAME, build_provider
 from otel_verl._sampling import TrajectorySampler
 from otel_verl.exporters._delivery import LOSS_KEYS
-
-#: the content store's counters that mean content was not stored (``content_discarded`` is not one:
-#: that is a tail-dropped trajectory's content, given back by design)
-CONTENT_LOSS_KEYS = ("content_dropped", "content_dropped_bytes", "content_errors")
 from otel_verl.exporters._processor import hand_queues_to_exporters
 from otel_verl.exporters._spans import shutdown_within
 
 _log = logging.getLogger("otel_verl")
+
+#: the content store's counters that mean content was not stored (``content_discarded`` is not one:
+#: that is a tail-dropped trajectory's content, given back by design)
+CONTENT_LOSS_KEYS = ("content_dropped", "content_dropped_bytes", "content_errors")
 
 __all__ = ["LOSS_KEYS", "STATE", "TRAJECTORY", "ProcessState", "Runtime", "Trajectory",
            "current_trajectory_attrs"]
