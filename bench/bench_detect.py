@@ -24,11 +24,12 @@ import json
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import otel_verl
 from otel_verl import (
@@ -41,15 +42,10 @@ from otel_verl import (
 
 N = 4
 PROMPT = "Worked examples of arithmetic follow. " * 8 + "What is 12*7?"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported
+from bench_core import NullExporter  # noqa: E402 - the benches' one null exporter
+
 TRACE_DIR = tempfile.mkdtemp(prefix="bench_detect_")
-
-
-class NullExporter(SpanExporter):
-    def export(self, spans):
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self):
-        pass
 
 
 class Loop:
