@@ -22,10 +22,21 @@ whole machine's). The load average is sampled each round. Target for on/off: >= 
 
 The paired ratio splits exactly into the client's share (requests in flight) and the engine's as
 the client sees it (1 / latency per request), since rate = in flight / (requests x latency).
-``--loop-lag`` adds a probe of the event loop's wake-up lag; ``--from-json`` reprints a saved run.
+``--loop-lag`` adds a probe of the event loop's wake-up lag (mean and 99th percentile per round,
+per mode, with intervals); ``--from-json`` reprints a saved run.
 
-Run: ``python3 -m nox -s bench_engine`` or ``python bench/bench_rollout.py [--repeats 18]
-[--json rounds.json]`` in a venv with requirements/engine.txt.
+CPU isolation (off by default): ``--engine-cpus 1 --client-cpus 0`` (either alone gives the other
+side the rest) starts the vLLM server's process group on its CPUs (every process and thread of it
+inherits the affinity; ``VLLM_CPU_OMP_THREADS_BIND`` and ``OMP_NUM_THREADS`` tell vLLM's OpenMP
+workers and torch the same cores) and pins every thread of the bench process (event loop, export
+threads, the OTLP receiver) to the others. The report then gives, per mode, how busy each side's
+CPU set was (every process on them counts, the other sessions' too) beside what each side's own
+processes used, and checks after the warm-up and at the end that no thread of either side may run
+outside its set.
+
+Run: ``python3 -m nox -s bench_engine [-- --engine-cpus 1 --client-cpus 0 --loop-lag]`` or
+``python bench/bench_rollout.py [--repeats 18] [--json rounds.json]`` in a venv with
+requirements/engine.txt.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import sys
 import tempfile
 import time
 
+from _cpus import cpu_busy_s, format_cpu_list, group_pids, pin_tasks, split_cpus, tasks_outside
 from _paired import Estimate, bootstrap_ratio_of_sums, fmt, median_interval
 
 from otel_verl import RolloutTraceConfig, rollout_trace_attr
@@ -142,8 +154,15 @@ async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int,
         "latency_ms": 1000 * statistics.fmean(client.latencies),
         "in_flight": sum(client.latencies) / elapsed,
         "requests": len(client.latencies) / n,
-        **({"loop_lag_ms": 1000 * statistics.fmean(lags)} if lags else {}),
+        **({"loop_lag_ms": 1000 * statistics.fmean(lags),
+            "loop_lag_p99_ms": 1000 * _quantile(lags, 0.99)} if lags else {}),
     }
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank)."""
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, max(0, round(q * len(ys)) - 1))]
 
 
 MODES = ("off", "on", "meta")
@@ -191,7 +210,11 @@ def _report(rounds: list[dict[str, dict[str, float]]], loads: list[float]) -> di
         ("in_flight", "requests in flight at the engine (mean)", "", 2),
         ("engine_cores", "vLLM process group CPU, cores busy", "", 2),
         ("machine_cores", "whole machine CPU, cores busy", "", 2),
+        ("client_cores", "rollout process CPU, cores busy", "", 2),
+        ("engine_set_busy", "engine's CPU set, cores busy (all processes)", "", 2),
+        ("client_set_busy", "client's CPU set, cores busy (all processes)", "", 2),
         ("loop_lag_ms", "event-loop lag of a 2 ms sleep (mean)", " ms", 2),
+        ("loop_lag_p99_ms", "event-loop lag of a 2 ms sleep (p99)", " ms", 2),
     ):
         if any(key not in r[m] for r in rounds for m in MODES):
             continue
@@ -215,37 +238,83 @@ def main(argv: list[str] | None = None) -> int:
                    help="also measure the event loop's lag (a probe coroutine, every mode)")
     p.add_argument("--from-json", default=None,
                    help="print the report of a run saved with --json, running nothing")
+    p.add_argument("--engine-cpus", default=None,
+                   help="CPU list (e.g. 1 or 2-7) for the vLLM server's processes; the client "
+                        "gets the rest unless --client-cpus says otherwise. Default: no pinning")
+    p.add_argument("--client-cpus", default=None,
+                   help="CPU list for the bench process (event loop, export threads); the "
+                        "engine gets the rest unless --engine-cpus says otherwise")
     args = p.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)
+        if saved.get("cpus"):
+            print(f"cpus: {saved['cpus']}")
         _report(saved["rounds"], saved["loads"])
         return 0
+    cpus: tuple[frozenset[int], frozenset[int]] | None = None
+    if args.engine_cpus is not None or args.client_cpus is not None:
+        try:
+            cpus = split_cpus(args.engine_cpus, args.client_cpus, os.sched_getaffinity(0))
+        except ValueError as exc:
+            p.error(str(exc))
 
     from transformers import AutoTokenizer
 
     model_dir = build_tiny_model(args.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     trace_dir = tempfile.mkdtemp(prefix="bench-rollout-")
+    server_env: dict[str, str] = {}
+    if cpus is not None:
+        engine_cpus, client_cpus = cpus
+        server_env = {"VLLM_CPU_OMP_THREADS_BIND": format_cpu_list(engine_cpus),
+                      "OMP_NUM_THREADS": str(len(engine_cpus))}
+        # the server inherits the affinity of the thread that forks it (this one)
+        os.sched_setaffinity(0, engine_cpus)
     with OTLPReceiver() as receiver, VLLMServer(
         model_dir, served_model_name=MODEL_NAME, otlp_endpoint=receiver.traces_url,
-        otlp_protocol="http/protobuf",
+        otlp_protocol="http/protobuf", env=server_env,
     ) as server:
+        if cpus is not None:
+            pin_tasks(os.getpid(), client_cpus)  # every thread of the bench, this one included
         print(f"vLLM up in {server.startup_s:.1f}s; {args.trajectories} trajectories x "
               f"{args.repeats} paired rounds, concurrency {args.concurrency}", flush=True)
+        cpus_text = ""
+
+        def check_isolation(when: str) -> str:
+            """Which threads of either side may run outside its CPU set (none: it held)."""
+            if cpus is None:
+                return ""
+            e_pids = group_pids(server.process.pid)
+            e_n, e_out = tasks_outside(e_pids, engine_cpus)
+            c_n, c_out = tasks_outside([os.getpid()], client_cpus)
+            text = (f"vLLM on CPUs {format_cpu_list(engine_cpus)} ({len(e_pids)} processes, "
+                    f"{e_n} threads), client on CPUs {format_cpu_list(client_cpus)} ({c_n} "
+                    f"threads); env {' '.join(f'{k}={v}' for k, v in server_env.items())}")
+            outside = e_out + c_out
+            text += (f"; {when}: isolation held" if not outside else
+                     f"; {when}: NOT HELD, {len(outside)} threads outside: " + ", ".join(outside))
+            print(f"cpus: {text}", flush=True)
+            return text
 
         def run(mode: str, step: int) -> dict[str, float]:
             RolloutTraceConfig.reset()
             if mode != "off":
                 RolloutTraceConfig.init("bench", "bench_rollout", backend="file",
                                         trace_dir=trace_dir, capture_payloads=mode == "on")
-            e0, m0 = _group_cpu_s(server.process.pid), _machine_busy_s()
+            e0, m0, b0 = _group_cpu_s(server.process.pid), _machine_busy_s(), cpu_busy_s()
             got = asyncio.run(_batch(server.base_url, tokenizer, args.trajectories,
                                      args.concurrency, step, args.loop_lag))
             engine_s = _group_cpu_s(server.process.pid) - e0
             got["engine_ms"] = 1000 * engine_s / args.trajectories
             got["engine_cores"] = engine_s / got["elapsed_s"]
             got["machine_cores"] = (_machine_busy_s() - m0) / got["elapsed_s"]
+            got["client_cores"] = got["cpu_ms"] * args.trajectories / 1000 / got["elapsed_s"]
+            if cpus is not None:
+                b1 = cpu_busy_s()
+                for side, cset in (("engine", engine_cpus), ("client", client_cpus)):
+                    busy = sum(b1[c] - b0[c] for c in cset)
+                    got[f"{side}_set_busy"] = busy / got["elapsed_s"]
             if mode != "off":  # export what is left outside the timed part, like a real step end
                 RolloutTraceConfig.flush(timeout_s=30)
             RolloutTraceConfig.reset()
@@ -254,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(2):  # warm-up: regex compilation, prefix cache, connection setup
             for mode in MODES:
                 run(mode, 0)
+        cpus_text = check_isolation("after the warm-up")
         rounds: list[dict[str, dict[str, float]]] = []
         loads: list[float] = []
         t_start = time.perf_counter()
@@ -268,8 +338,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{got['meta']['rate'] / got['off']['rate']:.3f}  engine ms/traj "
                   + "/".join(f"{got[m]['engine_ms']:.0f}" for m in MODES)
                   + "  gap ms " + "/".join(f"{got[m]['gap_ms']:.1f}" for m in MODES)
+                  + ("  lag ms " + "/".join(f"{got[m]['loop_lag_ms']:.1f}" for m in MODES)
+                     if args.loop_lag else "")
+                  + ("  busy e/c " + "/".join(f"{got[m]['engine_set_busy']:.2f}:"
+                                              f"{got[m]['client_set_busy']:.2f}" for m in MODES)
+                     if cpus is not None else "")
                   + f"  load {loads[-1]:.2f}  ({time.perf_counter() - t_start:.0f} s)",
                   flush=True)
+        if cpus is not None:
+            cpus_text = check_isolation("at the end")
         summary = _report(rounds, loads)
         ratio = median_interval([r["on"]["rate"] / r["off"]["rate"] for r in rounds])
         verdict = ("too few rounds for a 95 % interval" if ratio.coverage < 0.95
@@ -279,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine spans received: {sum(s['name'] == 'llm_request' for s in receiver.spans())}")
         if args.json:
             with open(args.json, "w") as fh:
-                json.dump({"args": vars(args), "rounds": rounds, "loads": loads,
+                json.dump({"args": vars(args), "rounds": rounds, "loads": loads, "cpus": cpus_text,
                            "summary": summary, "orders": [ORDERS[i % len(ORDERS)]
                                                           for i in range(len(rounds))]},
                           fh, indent=1)
