@@ -65,21 +65,28 @@ from otel_verl.rollout.reward import Gsm8kReward
 from otel_verl.rollout.tools import CalculatorTool
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by every process in a process group (Linux)."""
+def _group_cpu_by_name(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the processes of a process group, summed by
+    process name (``python`` is vLLM's API server, ``VLLM::EngineCor`` its engine core, ...)."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    total: dict[str, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
+                head, tail = fh.read().rsplit(")", 1)
         except OSError:
             continue
+        fields, name = tail.split(), head.split("(", 1)[1]
         if int(fields[2]) == pgid:  # fields after "(comm)": state ppid pgrp ...
-            total += int(fields[11]) + int(fields[12])  # utime stime
-    return total / tick
+            total[name] = total.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by every process in a process group (Linux)."""
+    return sum(_group_cpu_by_name(pgid).values())
 
 
 def _machine_busy_s() -> float:
@@ -175,6 +182,12 @@ def _report(rounds: list[dict[str, dict[str, float]]], loads: list[float]) -> di
         return [r[mode][key] for r in rounds]
 
     out: dict[str, str] = {}
+    for r in rounds:  # with --engine-cpus: what ran on each side's CPUs besides that side
+        for m in MODES:
+            got = r[m]
+            if "engine_set_busy" in got and "client_cores" in got:
+                got["engine_set_others"] = got["engine_set_busy"] - got["engine_cores"]
+                got["client_set_others"] = got["client_set_busy"] - got["client_cores"]
 
     def line(label: str, est: Estimate, digits: int = 3, unit: str = "") -> None:
         out[label] = fmt(est, digits) + unit
@@ -213,6 +226,8 @@ def _report(rounds: list[dict[str, dict[str, float]]], loads: list[float]) -> di
         ("client_cores", "rollout process CPU, cores busy", "", 2),
         ("engine_set_busy", "engine's CPU set, cores busy (all processes)", "", 2),
         ("client_set_busy", "client's CPU set, cores busy (all processes)", "", 2),
+        ("engine_set_others", "engine's CPU set, cores busy by others", "", 2),
+        ("client_set_others", "client's CPU set, cores busy by others", "", 2),
         ("loop_lag_ms", "event-loop lag of a 2 ms sleep (mean)", " ms", 2),
         ("loop_lag_p99_ms", "event-loop lag of a 2 ms sleep (p99)", " ms", 2),
     ):
@@ -223,6 +238,15 @@ def _report(rounds: list[dict[str, dict[str, float]]], loads: list[float]) -> di
         for mode in ("on", "meta"):
             diff = [r[mode][key] - r["off"][key] for r in rounds]
             line(f"{mode} - off: {label} (paired)", median_interval(diff), digits, unit)
+    names = sorted({k for r in rounds for m in MODES for k in r[m]
+                    if k.startswith("engine_cores:")})
+    for key in names:  # vLLM's processes one by one (runs saved before this have none)
+        if any(key not in r[m] for r in rounds for m in MODES):
+            continue
+        name = key.split(":", 1)[1]
+        for mode in MODES:
+            line(f"{mode}: vLLM's '{name}' processes, cores busy",
+                 median_interval(col(mode, key)), 2)
     return out
 
 
@@ -302,10 +326,13 @@ def main(argv: list[str] | None = None) -> int:
             if mode != "off":
                 RolloutTraceConfig.init("bench", "bench_rollout", backend="file",
                                         trace_dir=trace_dir, capture_payloads=mode == "on")
-            e0, m0, b0 = _group_cpu_s(server.process.pid), _machine_busy_s(), cpu_busy_s()
+            e0, m0, b0 = _group_cpu_by_name(server.process.pid), _machine_busy_s(), cpu_busy_s()
             got = asyncio.run(_batch(server.base_url, tokenizer, args.trajectories,
                                      args.concurrency, step, args.loop_lag))
-            engine_s = _group_cpu_s(server.process.pid) - e0
+            e1 = _group_cpu_by_name(server.process.pid)
+            engine_s = sum(e1.values()) - sum(e0.values())
+            for name in e1:  # which of vLLM's processes the engine's cores went to
+                got[f"engine_cores:{name}"] = (e1[name] - e0.get(name, 0.0)) / got["elapsed_s"]
             got["engine_ms"] = 1000 * engine_s / args.trajectories
             got["engine_cores"] = engine_s / got["elapsed_s"]
             got["machine_cores"] = (_machine_busy_s() - m0) / got["elapsed_s"]
