@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -167,9 +168,9 @@ async def _batch(base_url: str, tokenizer, n: int, concurrency: int, step: int,
 
 
 def _quantile(xs: list[float], q: float) -> float:
-    """The ``q`` quantile of ``xs`` (nearest rank)."""
+    """The ``q`` quantile of ``xs`` (nearest rank: the ceil(q n)-th smallest)."""
     ys = sorted(xs)
-    return ys[min(len(ys) - 1, max(0, round(q * len(ys)) - 1))]
+    return ys[min(len(ys) - 1, max(0, math.ceil(q * len(ys)) - 1))]
 
 
 MODES = ("off", "on", "meta")
