@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import orjson
+
 from otel_verl import semconv
 from otel_verl.store import (
     Trajectory,
@@ -259,13 +261,65 @@ def _json_or_none(text: Any) -> Any:
         return None
 
 
-def _message_text(message: Any) -> str:
+#: brackets in a text past which :func:`_fast_json` leaves it to the stdlib: orjson reads 1,024
+#: levels of nesting, the stdlib fewer (its recursion limit less the caller's depth), so a
+#: text that may nest deeper gets the stdlib's answer (None when it cannot)
+_FAST_BRACKETS = 512
+#: the magnitude from which orjson's float may be an integer beyond 64 bits it rounded
+_ROUNDED = float(2**63)
+
+
+class _Inexact(Exception):  # noqa: N818 - a signal, not an error
+    """A fast-decoded value's text would differ from the stdlib's: decode again with it."""
+
+
+def _fast_json(text: Any) -> Any:
+    """:func:`_json_or_none` through orjson first (3-4x faster on payloads), the stdlib for
+    what orjson refuses (NaN, an infinite number, lone surrogates, a BOM) and for texts that
+    may nest deeper than the stdlib reads.
+
+    The value equals the stdlib's but for one thing: an integer beyond 64 bits comes back as a
+    float (orjson's reading) of magnitude >= 2**63. Its readers print leaves only through
+    :func:`_exact_text`, which raises :class:`_Inexact` on such a float, and
+    :func:`prompt_and_response` then decodes with the stdlib."""
+    if not isinstance(text, str):
+        return None
+    if text.count("[") + text.count("{") > _FAST_BRACKETS:
+        return _json_or_none(text)
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return _json_or_none(text)
+
+
+def _maybe_rounded(value: Any) -> bool:
+    """Whether ``value`` holds a float orjson may have made of a > 64-bit integer."""
+    if value.__class__ is float:
+        return not -_ROUNDED < value < _ROUNDED
+    if isinstance(value, list):
+        return any(_maybe_rounded(v) for v in value)
+    if isinstance(value, dict):
+        return any(_maybe_rounded(v) for v in value.values())
+    return False
+
+
+def _exact_text(value: Any) -> str:
+    """``str(value)`` of a :func:`_fast_json` leaf; :class:`_Inexact` where the stdlib's value
+    could print otherwise."""
+    if value.__class__ is str:
+        return value
+    if _maybe_rounded(value):
+        raise _Inexact
+    return str(value)
+
+
+def _message_text(message: Any, text: Callable[[Any], str] = str) -> str:
     if not isinstance(message, dict):
         return ""
     content = message.get("content")
     if isinstance(content, list):  # OpenAI content parts
-        content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
+        content = " ".join(text(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else text(content)
 
 
 #: the special tokens a decoded answer ends with (ChatML's ``<|im_end|>``, Llama 3's
@@ -296,19 +350,30 @@ def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
     Inputs with verl's row keys (``raw_prompt``) or a ``messages`` list give the prompt; outputs
     with verl's ``extra_fields.messages`` (the whole conversation), token2text's
     ``response_text``, or GenAI ``gen_ai.input/output.messages`` give the answer.
+
+    The payloads are decoded by orjson (:func:`_fast_json`); the answer is the stdlib decoder's
+    (a value whose text could differ is decoded again by it).
     """
+    try:
+        return _prompt_and_response(span, _fast_json, _exact_text)
+    except _Inexact:
+        return _prompt_and_response(span, _json_or_none, str)
+
+
+def _prompt_and_response(span: dict[str, Any], loads: Callable[[Any], Any],
+                         text: Callable[[Any], str]) -> tuple[str | None, str | None]:
     attributes = span["attributes"]
     prompt = response = None
     raw_in = attributes.get(semconv.INPUT_VALUE)
     if isinstance(raw_in, str) and ('"raw_prompt"' in raw_in or '"messages"' in raw_in
                                     or '"prompt"' in raw_in):
-        value = _json_or_none(raw_in)
+        value = loads(raw_in)
         if isinstance(value, dict):
             inner = value.get("kwargs")
             kwargs: dict[str, Any] = inner if isinstance(inner, dict) else value
             messages = kwargs.get("raw_prompt") or kwargs.get("messages")
             if isinstance(messages, list):
-                users = [_message_text(m) for m in messages
+                users = [_message_text(m, text) for m in messages
                          if isinstance(m, dict) and m.get("role") == "user"]
                 if users:
                     prompt = users[-1]
@@ -316,12 +381,12 @@ def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
                 prompt = kwargs["prompt"]
     raw_out = attributes.get(semconv.OUTPUT_VALUE)
     if isinstance(raw_out, str) and ('"messages"' in raw_out or '"response_text"' in raw_out):
-        value = _json_or_none(raw_out)
+        value = loads(raw_out)
         if isinstance(value, dict):
             messages = (value.get("extra_fields") or {}).get("messages") if isinstance(
                 value.get("extra_fields"), dict) else value.get("messages")
             if isinstance(messages, list):
-                answers = [_message_text(m) for m in messages
+                answers = [_message_text(m, text) for m in messages
                            if isinstance(m, dict) and m.get("role") == "assistant"]
                 if answers:
                     response = answers[-1]
@@ -332,10 +397,10 @@ def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
         raw = attributes.get(key)
         if raw is None or (prompt if is_input else response) is not None:
             continue
-        messages = _json_or_none(raw) if isinstance(raw, str) else raw
+        messages = loads(raw) if isinstance(raw, str) else raw
         if isinstance(messages, list):
             role = "user" if is_input else "assistant"
-            texts = [_message_text(m) or _parts_text(m) for m in messages
+            texts = [_message_text(m, text) or _parts_text(m, text) for m in messages
                      if isinstance(m, dict) and m.get("role") == role]
             if texts:
                 if is_input:
@@ -345,10 +410,10 @@ def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
     return prompt, response
 
 
-def _parts_text(message: dict[str, Any]) -> str:
+def _parts_text(message: dict[str, Any], text: Callable[[Any], str] = str) -> str:
     parts = message.get("parts")
     if isinstance(parts, list):
-        return " ".join(str(p.get("content", "")) for p in parts if isinstance(p, dict))
+        return " ".join(text(p.get("content", "")) for p in parts if isinstance(p, dict))
     return ""
 
 

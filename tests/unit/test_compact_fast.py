@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_verl.store import _compact, list_files
+from otel_verl.store import _compact, _index, list_files
 from otel_verl.store._arrowrows import add_stretch
 from otel_verl.store._compact import MANIFEST, compact, decode_range, lake_dir
 from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
@@ -86,13 +86,26 @@ def _counting_arrow(enabled: bool) -> Iterator[None]:
         _compact.ARROW_ROWS = True
 
 
+@contextlib.contextmanager
+def _stdlib_payloads() -> Iterator[None]:
+    """The viewer's text (``span_texts``) with every payload through the stdlib decoder, as it
+    was before orjson decoded them first (the codec's path, the reference, runs this way)."""
+    fast, exact = _index._fast_json, _index._exact_text
+    _index._fast_json, _index._exact_text = _index._json_or_none, str  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _index._fast_json, _index._exact_text = fast, exact  # type: ignore[assignment]
+
+
 def _decode(paths: list[str], legacy: bool, arrow: bool = True) -> tuple[Any, ...]:
-    """The rows of ``paths``: through the codec (``legacy``), else store/_fastrows line by line
-    (``arrow=False``) or store/_arrowrows where it takes the stretch (the default)."""
+    """The rows of ``paths``: through the codec (``legacy``; its payloads through the stdlib
+    decoder), else store/_fastrows line by line (``arrow=False``) or store/_arrowrows where it
+    takes the stretch (the default)."""
     columns = Columns()
     counts: dict[str, int] = {}
     problems: list[str] = []
-    with _counting_arrow(arrow):
+    with _counting_arrow(arrow), _stdlib_payloads() if legacy else contextlib.nullcontext():
         for path in paths:
             decode_range(path, 0, None, columns, "src#0", counts, problems, _legacy=legacy)
     spans, payload = columns.table(), columns.payload_table()
@@ -455,6 +468,42 @@ def test_columnar_takes_valid_variants(tmp_path: Path, name: str) -> None:
     old, new = _decode([str(path)], legacy=True), _decode([str(path)], legacy=False)
     assert ARROW_STRETCHES[0] == 1
     assert new == old
+
+
+_HUGE = (2**64, 2**64 + 1, -(2**63) - 1, -(2**70), 10**40)
+
+
+def _payload_line(i: int, content: str, attribute: str = "3") -> bytes:
+    body = '{"messages": [{"role": "user", "content": ' + content + "}]}"
+    answer = '{"messages": [{"role": "assistant", "content": [{"text": ' + content + "}]}]}"
+    return _good_line(spanId=f"{i + 1:016x}", attributes=[
+        {"key": "rollout.step", "value": {"intValue": "3"}},
+        {"key": "k", "value": {"intValue": attribute}},
+        {"key": "input.value", "value": {"stringValue": body}},
+        {"key": "output.value", "value": {"stringValue": answer}}])
+
+
+def test_payload_texts_are_the_stdlib_decoders(tmp_path: Path) -> None:
+    """Payload bodies with integers beyond 64 bits (orjson reads them as floats), NaN, a float
+    of their magnitude, nesting past orjson's guard: the viewer's text is the stdlib decoder's, on the columnar path (bodies) and the
+    per-line one."""
+    contents = [str(v) for v in _HUGE] + [f'{{"n": [{v}]}}' for v in _HUGE] + [
+        "NaN", "1e19", '"plain"', "[" * 300 + "]" * 300]
+    columnar = tmp_path / "otel_verl-bodies.jsonl"
+    columnar.write_bytes(b"".join(_payload_line(i, c) + b"\n" for i, c in enumerate(contents)))
+    per_line = tmp_path / "otel_verl-attributes.jsonl"
+    # a 19-digit intValue sends a stretch to the per-line decoder; one past 64 bits is a bad
+    # span on every path
+    per_line.write_bytes(b"".join(_payload_line(i, c, str(10**18 + i)) + b"\n"
+                                  for i, c in enumerate(contents))
+                         + _payload_line(99, "1", str(-(2**70))) + b"\n")
+    _assert_same_rows([str(columnar)], min_rows=len(contents), arrow_stretches=1)
+    _assert_same_rows([str(per_line)], min_rows=len(contents))
+    for path in (columnar, per_line):
+        rows = _decode([str(path)], legacy=False)[0]
+        assert rows["text_prompt"][:len(_HUGE)] == [str(v) for v in _HUGE]
+        assert rows["text_response"][:len(_HUGE)] == [str(v) for v in _HUGE]
+    assert dict(rows["SpanAttributes"][0])["k"] == str(10**18)
 
 
 @pytest.mark.parametrize("name", sorted(_REFUSED))
