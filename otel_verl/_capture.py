@@ -23,7 +23,14 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_verl import _content, _errors, _payload, semconv
-from otel_verl._hotpath import clean_attributes, merge_clean
+from otel_verl._hotpath import (
+    Deferred,
+    attribute_map,
+    clean_attributes,
+    merge_clean,
+    merge_deferred,
+    resolve_live,
+)
 from otel_verl._payload import TRUNCATION_MARK, redact_text, to_payload
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 
@@ -71,8 +78,16 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
 def payload_attrs(runtime: Runtime, input: Any, output: Any,
                   existing: Mapping[str, Any]) -> dict[str, Any]:
     """The ``input.value``/``output.value`` attributes (and their markers) for one span."""
-    config = runtime.config
-    budget = config.max_span_bytes - len(existing.get(semconv.INPUT_VALUE, ""))
+    attrs, fields = _prepare(runtime, input, output, existing)
+    attrs.update(_render(runtime.config, fields, existing))
+    return attrs
+
+
+def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, Any]
+             ) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
+    """What must happen on the calling thread, in call order: the per-turn content (a prompt
+    recorded as what it adds, references into the content store); and the fields left to
+    render, as (key, mime key, value)."""
     attrs: dict[str, Any] = {}
     coded_field = None
     if type(input) is dict:  # an op's bound inputs: a prompt is recorded as what it adds
@@ -89,14 +104,23 @@ def payload_attrs(runtime: Runtime, input: Any, output: Any,
         refs += found
     if refs:
         attrs[semconv.CONTENT_REFS] = existing.get(semconv.CONTENT_REFS, 0) + refs
+    fields = [(key, mime, value) for key, mime, value in (
+        (semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, input),
+        (semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, output)) if value is not UNSET]
+    return attrs, fields
+
+
+def _render(config: Any, fields: list[tuple[str, str, Any]],
+            existing: Mapping[str, Any]) -> dict[str, Any]:
+    """The rendered fields (capped, key-redacted JSON) and their markers, after ``existing``."""
+    budget = config.max_span_bytes - len(existing.get(semconv.INPUT_VALUE, ""))
+    attrs: dict[str, Any] = {}
     truncated: list[str] = []
     redacted = 0
     errors: list[str] = []
-    for key, mime, value in ((semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, input),
-                             (semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, output)):
-        if value is UNSET:
-            continue
-        payload = runtime.payload(value, min(config.max_field_bytes, max(256, budget)))
+    for key, mime, value in fields:
+        payload = to_payload(value, max_bytes=min(config.max_field_bytes, max(256, budget)),
+                             redact=config.redact)
         budget -= len(payload.json)
         attrs[key] = payload.json
         attrs[mime] = semconv.MIME_JSON
@@ -116,6 +140,139 @@ def payload_attrs(runtime: Runtime, input: Any, output: Any,
             errors.insert(0, str(previous))
         attrs[semconv.OTEL_VERL_PAYLOAD_ERROR] = "; ".join(errors)[:1000]
     return attrs
+
+
+# deferred rendering: an op's payloads rendered by the thread that first reads its span --------
+
+
+class DeferredPayload(Deferred):
+    """An op's fields to render later, from snapshots (``_payload.snapshot``) taken at the
+    call: what ``_render`` makes of them then is what it makes of the values now.
+
+    ``fresh``: rendered as at an op's start (nothing before it counts, as ``payload_attrs``
+    with ``existing={}``); else after the attributes before it (``set_payload``)."""
+
+    __slots__ = ("config", "estimate", "fields", "fresh")
+
+    def __init__(self, config: Any, fields: list[tuple[str, str, Any]], estimate: int,
+                 fresh: bool) -> None:
+        self.config = config
+        self.fields = fields
+        self.estimate = estimate
+        self.fresh = fresh
+
+    def render(self, before: Mapping[str, Any]) -> Mapping[str, Any]:
+        try:
+            fields = [(key, mime, snap.value() if type(snap) is _payload.Snapshot else snap)
+                      for key, mime, snap in self.fields]
+            return clean_attributes(_render(self.config, fields,
+                                            {} if self.fresh else before))  # as stored
+        except Exception as exc:  # noqa: BLE001 - never into the reader
+            _errors.internal_error(exc, "set_payload (deferred)")
+            return {}
+
+
+#: render op payloads off the calling thread where possible (tests compare both paths)
+DEFER_PAYLOADS = True
+
+
+def _deferred(config: Any, fields: list[tuple[str, str, Any]],
+              fresh: bool) -> DeferredPayload | None:
+    """Snapshots of ``fields`` for a later render; None where one has no cheap snapshot."""
+    if not fields:
+        return None
+    taken = []
+    size = 0
+    for key, mime, value in fields:
+        snap = _payload.snapshot(value)
+        if snap is None:
+            return None
+        taken.append((key, mime, snap[0]))
+        size += min(config.max_field_bytes, snap[1] + 16) + len(mime) + 56
+    return DeferredPayload(config, taken, size, fresh)
+
+
+def deferred_input_attrs(runtime: Runtime, inputs: Any) -> dict[str, Any]:
+    """``payload_attrs(runtime, inputs, UNSET, {})`` with the rendering left to whoever reads
+    the span first (a ``DeferredPayload`` under ``input.value``), where the inputs have a cheap
+    snapshot; store the result with ``merge_op_attrs``."""
+    if not DEFER_PAYLOADS:
+        return payload_attrs(runtime, inputs, UNSET, {})
+    attrs, fields = _prepare(runtime, inputs, UNSET, {})
+    job = _deferred(runtime.config, fields, True)
+    if job is None:
+        attrs.update(_render(runtime.config, fields, {}))
+    else:
+        attrs[fields[0][0]] = job
+    return attrs
+
+
+def merge_op_attrs(span: Span, attrs: dict[str, Any]) -> None:
+    """Put attributes from ``deferred_input_attrs`` on a started span (rendered now where the
+    span cannot hold a deferred value)."""
+    clean = clean_attributes(attrs)
+    if any(isinstance(v, Deferred) for v in clean.values()):
+        if merge_deferred(span, clean):
+            return
+        clean = _inline(clean, {})
+    merge_clean(span, clean)
+
+
+def _inline(attrs: Mapping[str, Any], existing: Mapping[str, Any]) -> dict[str, Any]:
+    """``attrs`` with each deferred value rendered now, in its place."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if isinstance(value, Deferred):
+            out.update(value.render(existing))
+        else:
+            out[key] = value
+    return clean_attributes(out)
+
+
+def set_output_deferred(span: Span, output: Any) -> None:
+    """``set_payload(span, output=output)`` with the rendering left to whoever reads the span
+    first, where the output has a cheap snapshot and the span can hold it (never raises)."""
+    if not DEFER_PAYLOADS:
+        set_payload(span, output=output)
+        return
+    runtime = STATE.runtime
+    if runtime is None or not runtime.config.capture_payloads or not span.is_recording():
+        return
+    try:
+        existing = attribute_map(span)  # no render: the input may still be deferred
+        attrs, fields = _prepare(runtime, UNSET, output, existing)
+        job = _deferred(runtime.config, fields, False)
+        if job is not None:
+            attrs[fields[0][0]] = job
+        if semconv.CONTENT_FIELD in existing:
+            attrs.update(content_outputs(span, output))
+        clean = clean_attributes(attrs)
+        if job is not None and merge_deferred(span, clean):
+            return
+        resolve_live(span)  # rendered now: after the input, as set_payload does
+        existing = attribute_map(span)
+        if job is None:
+            clean = _ordered(attrs, _render(runtime.config, fields, existing))
+        else:
+            clean = _inline(clean, existing)
+        merge_clean(span, clean)
+    except Exception as exc:
+        _errors.internal_error(exc, "set_payload")
+
+
+def _ordered(attrs: dict[str, Any], rendered: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with ``rendered`` in the place the eager path gives it: after the content
+    references (before the content outputs)."""
+    out: dict[str, Any] = {}
+    placed = False
+    for key, value in attrs.items():
+        if not placed and key != semconv.CONTENT_REFS:
+            out.update(rendered)
+            placed = True
+        out[key] = value
+    if not placed:
+        out.update(rendered)
+    return clean_attributes(out)
 
 
 # per-turn content: a prompt recorded as what it adds to the trajectory's previous call -------
@@ -265,7 +422,20 @@ def settle_content(span: Span, attrs_now: Mapping[str, Any]) -> dict[str, Any]:
             root.set_attribute(semconv.CONTENT_PROMPT_ID, step.id)
         except Exception as exc:  # noqa: BLE001
             _errors.internal_error(exc, "content prompt id")
-    return {semconv.CONTENT_ID: step.id, semconv.CONTENT_STORED: step.stored or "missing"}
+    runtime = STATE.runtime
+    limit = _options(runtime.config).inline_bytes if runtime is not None else 0
+    delta_len = step.length - step.base_len
+    settled = {semconv.CONTENT_ID: step.id, semconv.CONTENT_STORED: step.stored or "missing",
+               semconv.CONTENT_DELTA_LEN: delta_len,
+               # the span shows the delta whole (what the loop took it to be, and it is)
+               semconv.CONTENT_INLINE: len(step.delta) == delta_len <= _content.DEFER_HEAD
+               and len(step.delta_bytes) <= limit}
+    if step.base_id is not None:  # a later turn, checked against its base off the loop
+        settled[semconv.CONTENT_BASE_ID] = step.base_id
+        settled[semconv.CONTENT_BASE_LEN] = step.base_len
+        if step.base_span_id is not None:
+            settled[semconv.CONTENT_BASE_SPAN_ID] = step.base_span_id
+    return settled
 
 
 #: a list shorter than this is never replaced by a reference (it costs less than one)
@@ -446,7 +616,7 @@ def settle_messages(span: Span) -> dict[str, Any]:
 def content_outputs(span: Span, output: Any) -> dict[str, Any]:
     """At the end of a call whose prompt was delta-coded: its response extends the chain (the
     next call's base) and is stored as a node; the ``otel_verl.content.output_*`` attributes."""
-    attrs_now = getattr(span, "attributes", None) or {}
+    attrs_now = attribute_map(span)  # (a deferred input stays deferred)
     settled = settle_content(span, attrs_now)
     content_id = settled.get(semconv.CONTENT_ID, attrs_now.get(semconv.CONTENT_ID))
     if content_id is None:
@@ -567,9 +737,13 @@ def token_texts(owner: Any, kwargs: dict[str, Any], output: Any,
     texts: dict[str, str] = {}
     source = as_dict(output)
     if "prompt_ids" not in source and "prompt_ids" in kwargs:  # per-turn generate(prompt_ids=...)
-        attrs = getattr(span, "attributes", None) or {}
+        attrs = attribute_map(span) if span is not None else {}
         base_len = attrs.get(semconv.CONTENT_BASE_LEN)
         prompt = kwargs["prompt_ids"]
+        if base_len is None:  # a later turn checked against its base off the loop
+            step = _content.pending_for(prompt, attrs.get(semconv.CONTENT_LEN))
+            if step is not None and step.resolve() and step.base_id is not None:
+                base_len = step.base_len
         if (type(base_len) is int and attrs.get(semconv.CONTENT_FIELD) == "prompt_ids"
                 and type(prompt) in (list, tuple)):
             texts["prompt_delta_text"] = _decode(decode, list(prompt[base_len:]))

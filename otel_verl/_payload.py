@@ -26,7 +26,9 @@ import collections
 import dataclasses
 import enum
 import json
+import marshal
 import math
+import os
 import sys
 import uuid
 import weakref
@@ -206,6 +208,8 @@ class _Walker:
             self._active.discard(ident)
 
     def _container(self, obj: Any, kind: type, depth: int) -> Any:
+        if kind is Fields:  # a dataclass's fields, taken by ``snapshot``: as the dataclass
+            return self._mapping(None, obj.pairs, depth)
         if kind is dict:
             return self._mapping(obj, dict.items(obj), depth)
         if kind is list or kind is tuple:
@@ -543,6 +547,165 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     return str(data, "utf-8")
 
 
+# -- snapshots: what a payload will render to, taken in O(its size) for a later render -----------
+
+
+class Fields:
+    """The fields of a plain dataclass as ``snapshot`` took them; rendered as the dataclass."""
+
+    __slots__ = ("names", "values")
+
+    def __init__(self, names: tuple[str, ...], values: Any) -> None:
+        self.names = names
+        self.values = values
+
+    @property
+    def pairs(self) -> Any:
+        return zip(self.names, self.values, strict=True)
+
+
+class Snapshot:
+    """A value copied by ``snapshot``: ``value()`` gives the copy (a new one per call)."""
+
+    __slots__ = ("data", "fields")
+
+    def __init__(self, data: bytes, fields: bool) -> None:
+        self.data = data  # ``marshal``: an exact copy of dicts, lists, tuples and their leaves
+        self.fields = fields  # it holds plain dataclasses (tagged tuples, made ``Fields``)
+
+    def value(self) -> Any:
+        copy = marshal.loads(self.data)
+        return _untag(copy, 0) if self.fields else copy
+
+
+#: what a snapshot copies: exact containers and the leaves of JSON (and bytes)
+_SNAP_LEAVES = frozenset({str, int, float, bool, type(None), bytes})
+_SNAP_CONTAINERS = frozenset({dict, list, tuple})
+_SNAP_TYPES = _SNAP_LEAVES | _SNAP_CONTAINERS
+#: items a snapshot may have (beyond it the value is rendered at once: the walk stops at its
+#: cap, a copy would not)
+SNAPSHOT_NODES = 4096
+#: a list longer than this is rendered at once (its numbers go to orjson at C speed there)
+SNAPSHOT_LIST = 1024
+#: a string longer than this is rendered at once (the walk reads only its head)
+SNAPSHOT_STR = 256 * 1024
+#: a plain dataclass in a snapshot: ``(_TAG, field names, field values)`` (random per process:
+#: no value of the user's holds it)
+_TAG = os.urandom(16)
+
+
+class _NoSnapshot(Exception):
+    pass
+
+
+_PLAIN_DATACLASS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _snap_dataclass(kind: type) -> bool:
+    try:
+        known = _PLAIN_DATACLASS.get(kind)
+    except Exception:  # noqa: BLE001 - not weakly referenceable or hashable
+        return False
+    if known is None:
+        known = dataclasses.is_dataclass(kind) and _plain_dataclass(kind)
+        try:
+            _PLAIN_DATACLASS[kind] = known
+        except Exception:  # noqa: BLE001
+            pass
+    return known
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of ``value`` that renders (``to_payload``) exactly as ``value`` renders now (a
+    ``Snapshot``, or the value itself when it is immutable), and about the bytes it holds;
+    None where no such copy is cheap (then render at once).
+
+    Only exact dicts, lists and tuples of str, int, float, bool, None and bytes are copied
+    (``marshal``, at C speed: the same types, values and order), and plain dataclasses of them
+    (their fields, as the walk reads them). Anything else (objects, numpy, pydantic, enums,
+    sets, subclasses), a list over ``SNAPSHOT_LIST`` items, over ``SNAPSHOT_NODES`` items in
+    all, a string over ``SNAPSHOT_STR``, deeper than ``MAX_DEPTH``, or a field that raises:
+    None. Nothing is called on a user object but the reads of a dataclass's fields."""
+    kind = type(value)
+    try:
+        if kind in _SNAP_LEAVES:
+            if (kind is str or kind is bytes) and len(value) > SNAPSHOT_STR:
+                return None
+            return value, len(value) if kind is str or kind is bytes else 8
+        tagged = [False]
+        value = _prep(value, 0, [0], tagged)
+        data = marshal.dumps(value)
+    except Exception:  # noqa: BLE001 - _NoSnapshot, a field that raised: render at once
+        return None
+    return Snapshot(data, tagged[0]), len(data)
+
+
+def _prep(obj: Any, depth: int, count: list[int], tagged: list[bool]) -> Any:
+    """``obj`` as ``marshal`` takes it (plain dataclasses tagged; containers holding one
+    rebuilt, the rest as they are), checked against ``snapshot``'s bounds."""
+    if depth >= MAX_DEPTH:
+        raise _NoSnapshot
+    kind = type(obj)
+    if kind not in _SNAP_CONTAINERS:
+        if not _snap_dataclass(kind):
+            raise _NoSnapshot
+        names = dataclass_field_names(kind)
+        tagged[0] = True
+        values = tuple([object.__getattribute__(obj, name) for name in names])
+        return (_TAG, names, _prep(values, depth + 1, count, tagged))
+    size = len(obj)
+    count[0] += size + 1
+    if size > SNAPSHOT_LIST or count[0] > SNAPSHOT_NODES:
+        raise _NoSnapshot
+    if kind is dict:
+        if not set(map(type, obj)) <= _SNAP_LEAVES:  # keys (a tuple key: at once)
+            raise _NoSnapshot
+        items: Any = obj.values()
+    else:
+        items = obj
+    kinds = set(map(type, items))  # at C speed
+    if str in kinds or bytes in kinds:
+        for item in items:
+            if (type(item) is str or type(item) is bytes) and len(item) > SNAPSHOT_STR:
+                raise _NoSnapshot
+    if kinds <= _SNAP_LEAVES:
+        return obj
+    changed = False
+    out = []
+    for item in items:
+        if type(item) in _SNAP_LEAVES:
+            out.append(item)
+            continue
+        new = _prep(item, depth + 1, count, tagged)
+        changed = changed or new is not item
+        out.append(new)
+    if not changed:
+        return obj
+    if kind is dict:
+        return dict(zip(obj, out, strict=True))
+    return out if kind is list else tuple(out)
+
+
+def _untag(obj: Any, depth: int) -> Any:
+    """A loaded snapshot with its tagged dataclasses as ``Fields`` (in place where it can)."""
+    kind = type(obj)
+    if kind is tuple:
+        if len(obj) == 3 and obj[0] == _TAG:
+            return Fields(obj[1], _untag(obj[2], depth + 1))
+        return tuple([_untag(item, depth + 1) for item in obj])
+    if kind is list:
+        for index, item in enumerate(obj):
+            if type(item) in _SNAP_CONTAINERS:
+                obj[index] = _untag(item, depth + 1)
+        return obj
+    if kind is dict:
+        for key, item in obj.items():
+            if type(item) in _SNAP_CONTAINERS:
+                obj[key] = _untag(item, depth + 1)
+        return obj
+    return obj
+
+
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     """Serialise ``value`` to JSON text of at most ``max_bytes`` UTF-8 bytes. Never raises.
 
@@ -561,6 +724,8 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
         fast = None
         if kind in _PLAIN_CONTAINERS:
             fast = _plain_json(value, max_bytes, redact)
+        elif kind is Fields:
+            fast = _plain_json(dict(value.pairs), max_bytes, redact)
         elif dataclasses.is_dataclass(kind) and _plain_dataclass(kind):
             try:
                 fields = {name: object.__getattribute__(value, name)
