@@ -197,6 +197,10 @@ class _Attribute:
         self._filtered: dict[int, Any] = {}
         self._built: dict[int, Any] = {}
 
+    def values(self, i: int) -> Any:
+        """Member ``i`` of the spans that have the attribute (after :meth:`present`)."""
+        return self._filtered[i]
+
     def present(self, i: int) -> bool:
         """Whether any span's value is of member ``i``."""
         if i not in self._filtered:
@@ -351,14 +355,25 @@ def _build(lines: pa.Array, starts: list[int], start: int, source: str
     key_pos = {k: i for i, k in enumerate(dictionary.to_pylist())}  # its run, in key order
     span_range = pa.array(range(n), _I64)
     dbl_valid = pc.is_valid(m_dbl)
-    dbl_text = pa.array([repr(x) for x in m_dbl.filter(dbl_valid).to_pylist()], _STR)
-    text = pc.coalesce(m_str, m_int.cast(_STR), _scatter(dbl_valid, dbl_text, len(kv)),
-                       pc.if_else(m_bool, "true", "false"))
+    dbl_text = _scatter(dbl_valid, pa.array(
+        [repr(x) for x in m_dbl.filter(dbl_valid).to_pylist()], _STR), len(kv))
+
+    def text(mask: Any) -> Any:
+        """The text of the values where ``mask`` (filtered first: the payloads' strings are
+        copied once, not into a text of every value first)."""
+        strings = m_str.filter(mask)
+        if strings.null_count == 0:
+            return strings
+        return pc.coalesce(strings, m_int.filter(mask).cast(_STR), dbl_text.filter(mask),
+                           pc.if_else(m_bool.filter(mask), "true", "false"))
+
     payload_key = pc.is_in(dictionary, value_set=pa.array(sorted(S._record.PAYLOAD_KEYS)))
-    is_payload = pc.or_(pc.take(payload_key, key_index),
-                        pc.greater(pc.utf8_length(text), S.PAYLOAD_INLINE_MAX))
+    # only a string's text can be longer than the inline limit (an int's or a double's text is
+    # at most 24 characters, a boolean's 5)
+    is_payload = pc.or_(pc.take(payload_key, key_index), pc.fill_null(
+        pc.greater(pc.utf8_length(m_str), S.PAYLOAD_INLINE_MAX), False))
     inline = pc.invert(is_payload)
-    span_attrs = _map(_positions(inline, kv_off), key.filter(inline), text.filter(inline))
+    span_attrs = _map(_positions(inline, kv_off), key.filter(inline), text(inline))
 
     lookups: dict[str, _Attribute | None] = {}
     member_arrays = (m_str, m_int, m_dbl, m_bool)
@@ -421,10 +436,12 @@ def _build(lines: pa.Array, starts: list[int], start: int, source: str
             pc.fill_null(pc.equal(span_kind, S._LLM), False))
         tool = pc.or_(pc.fill_null(pc.equal(operation[1], "execute_tool"), False), kind_tool)
     error_type = lookup(S.semconv.ERROR_TYPE)
-    tool_rows = pc.indices_nonzero(tool)
-    output = pc.take(string(S.semconv.OUTPUT_VALUE, None), tool_rows)  # a tool's result only
-    ok_false = _scatter(tool, pc.fill_null(pc.match_substring(
-        pc.replace_substring(output, " ", ""), '"ok":false'), False), n)
+    output = lookup(S.semconv.OUTPUT_VALUE)
+    ok_false = false
+    if output is not None and output.present(1):  # a tool's result only (not every output)
+        tool_output = pc.and_(tool, output[0])
+        ok_false = _scatter(tool_output, pc.match_substring(pc.replace_substring(
+            output.values(1).filter(pc.filter(tool, output[0])), " ", ""), '"ok":false'), n)
     tool_error = pc.and_(tool, pc.or_(pc.or_(is_error, false if error_type is None
                                              else error_type[0]), pc.fill_null(ok_false, False)))
     tool_name = pc.if_else(tool, string(S._TOOL_NAME), null_str)
@@ -582,10 +599,11 @@ def _build(lines: pa.Array, starts: list[int], start: int, source: str
     starts_arr = p_off.slice(0, n)
     has_payload = pc.less(starts_arr, p_off.slice(1))
     p_rows = pc.indices_nonzero(has_payload)
+    payload_keys = key.filter(is_payload)
     p_offsets = pa.concat_arrays([pc.take(starts_arr, p_rows),
-                                  pa.array([len(key.filter(is_payload))], _I64)])
+                                  pa.array([len(payload_keys)], _I64)])
     payload = pa.Table.from_arrays([
         pc.take(trace, p_rows), pc.take(span_id, p_rows),
-        _map(p_offsets, key.filter(is_payload), text.filter(is_payload)),
+        _map(p_offsets, payload_keys, text(is_payload)),
         pc.take(experiment, p_rows), pc.take(step, p_rows)], schema=S.PAYLOAD_SCHEMA)
     return spans, payload

@@ -456,6 +456,12 @@ _TAKEN = {
     "a -0 kind": _good_line().replace(b'"kind": 1', b'"kind": -0'),
     "CRLF": _good_line() + b"\r",
     "an empty line's worth of spans": b'{"resourceSpans": []}',
+    "strings at the inline limit": _good_line(attributes=[
+        {"key": "a", "value": {"stringValue": "x" * 1024}},
+        {"key": "b", "value": {"stringValue": "x" * 1025}},
+        {"key": "c", "value": {"stringValue": "é" * 1024}},
+        {"key": "d", "value": {"stringValue": "é" * 1025}},
+        {"key": "e", "value": {"intValue": "-100000000000000000"}}]),
 }
 
 
