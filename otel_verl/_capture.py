@@ -422,20 +422,7 @@ def settle_content(span: Span, attrs_now: Mapping[str, Any]) -> dict[str, Any]:
             root.set_attribute(semconv.CONTENT_PROMPT_ID, step.id)
         except Exception as exc:  # noqa: BLE001
             _errors.internal_error(exc, "content prompt id")
-    runtime = STATE.runtime
-    limit = _options(runtime.config).inline_bytes if runtime is not None else 0
-    delta_len = step.length - step.base_len
-    settled = {semconv.CONTENT_ID: step.id, semconv.CONTENT_STORED: step.stored or "missing",
-               semconv.CONTENT_DELTA_LEN: delta_len,
-               # the span shows the delta whole (what the loop took it to be, and it is)
-               semconv.CONTENT_INLINE: len(step.delta) == delta_len <= _content.DEFER_HEAD
-               and len(step.delta_bytes) <= limit}
-    if step.base_id is not None:  # a later turn, checked against its base off the loop
-        settled[semconv.CONTENT_BASE_ID] = step.base_id
-        settled[semconv.CONTENT_BASE_LEN] = step.base_len
-        if step.base_span_id is not None:
-            settled[semconv.CONTENT_BASE_SPAN_ID] = step.base_span_id
-    return settled
+    return {semconv.CONTENT_ID: step.id, semconv.CONTENT_STORED: step.stored or "missing"}
 
 
 #: a list shorter than this is never replaced by a reference (it costs less than one)
@@ -740,10 +727,6 @@ def token_texts(owner: Any, kwargs: dict[str, Any], output: Any,
         attrs = attribute_map(span) if span is not None else {}
         base_len = attrs.get(semconv.CONTENT_BASE_LEN)
         prompt = kwargs["prompt_ids"]
-        if base_len is None:  # a later turn checked against its base off the loop
-            step = _content.pending_for(prompt, attrs.get(semconv.CONTENT_LEN))
-            if step is not None and step.resolve() and step.base_id is not None:
-                base_len = step.base_len
         if (type(base_len) is int and attrs.get(semconv.CONTENT_FIELD) == "prompt_ids"
                 and type(prompt) in (list, tuple)):
             texts["prompt_delta_text"] = _decode(decode, list(prompt[base_len:]))

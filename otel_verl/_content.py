@@ -37,9 +37,7 @@ Usage (what ``otel_verl._capture`` does per LLM call)::
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -212,15 +210,6 @@ DEFER_HEAD = 1024
 DEFER_MIN_CHARS = 16384
 #: messages encoded per piece off the thread (the GIL is free between pieces)
 DEFER_MESSAGES = 16
-#: tokens per chunk of a chunked chain's content (a tuple: the cyclic GC stops tracking a
-#: tuple of ints after one look), and so per C-level comparison against it
-CMP_ITEMS = 2048
-
-#: a chunked chain's state that a ``PendingStep`` checks its prompt against, off the loop:
-#: (chunks, their ends, full len, full id, full hasher, prompt len, prompt id, prompt hasher,
-#: the previous call's span id)
-_Prev = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int, str | None, Any, int,
-              str | None, Any, str | None]
 
 
 def message_chars(messages: Sequence[Any]) -> int:
@@ -247,13 +236,13 @@ class PendingStep(Step):
     never change. Resolving also stores the node (``store.put``): ``stored`` says how it went.
     """
 
-    __slots__ = ("_done", "_kind", "_lock", "caller", "chunks", "head_bytes", "prev",
-                 "root_span", "source", "store", "stored")
+    __slots__ = ("_done", "_kind", "_lock", "head_bytes", "root_span", "source", "store",
+                 "stored")
 
     pending = True
 
     def __init__(self, kind: str, source: list[Any], length: int, delta: list[Any],
-                 head_bytes: bytes, prev: _Prev | None = None) -> None:
+                 head_bytes: bytes) -> None:
         super().__init__(None, length, None, delta, None, None, 0, None)  # type: ignore[arg-type]
         self._kind = kind
         self.source = source
@@ -262,12 +251,6 @@ class PendingStep(Step):
         self.stored: str | None = None
         #: the trajectory span that takes this prompt's id (``otel_verl.content.prompt_id``)
         self.root_span: Any = None
-        #: a chunked chain's previous content and ids (``DeltaChain._begin_chunked``): what
-        #: this prompt may extend, checked here, off the loop; then the chain's new chunks
-        self.prev = prev
-        self.chunks: tuple[list[tuple[int, ...]], list[int]] | None = None
-        #: the caller's list while the call runs (``pending_for``), for a chunked chain's step
-        self.caller: list[Any] | None = None
         self._lock = threading.Lock()
         self._done = False
 
@@ -282,10 +265,6 @@ class PendingStep(Step):
         return self.id is not None
 
     def _compute(self) -> None:
-        if self.prev is not None:
-            self._compute_chunked()
-            self._store()
-            return
         items, n = self.source, self.length
         hasher = _hasher()
         parts: list[bytes] = []
@@ -303,60 +282,8 @@ class PendingStep(Step):
         self.hasher = hasher
         self.id = _content_id(self._kind, hasher)
         self.source = []  # the chain keeps its copy; this step needs it no more
-        self._store()
-
-    def _compute_chunked(self) -> None:
-        """The prefix check, the delta's encode and the id of a chunked chain's prompt, off the
-        loop: the caller's list (``source``, read up to ``length``: an agent loop only appends
-        to it) against the previous content's chunks (C-level comparisons of ``CMP_ITEMS``
-        at a time), then the delta encoded ``DEFER_CHUNK`` tokens at a time (the GIL is free
-        between pieces and during the hash), and kept as the chain's next chunks."""
-        prev, self.prev = self.prev, None
-        assert prev is not None
-        chunks, ends, full_len, full_id, full_hasher, prompt_len, prompt_id, prompt_hasher, \
-            span_id = prev
-        items, n = self.source, self.length
-        base_id: str | None = None
-        base_len = 0
-        hasher: Any = None
-        if full_id is not None and n >= full_len and _run_matches(chunks, ends, items, 0,
-                                                                  full_len):
-            base_id, base_len, hasher = full_id, full_len, full_hasher.copy()
-        elif (prompt_id is not None and prompt_len != full_len and n >= prompt_len
-              and _run_matches(chunks, ends, items, 0, prompt_len)):
-            base_id, base_len, hasher = prompt_id, prompt_len, prompt_hasher.copy()
-        kept = bisect.bisect_right(ends, base_len) if base_len else 0
-        out, out_ends = list(chunks[:kept]), list(ends[:kept])
-        if hasher is None:
-            hasher = _hasher()
-        parts: list[bytes] = []
-        # the delta as the loop copied it at the call, when it is the one found (else read
-        # from the caller's list, up to the prompt's length)
-        rest = self.delta if len(self.delta) == n - base_len and self.delta is not items \
-            else items
-        offset = base_len if rest is items else 0
-        for at in range(base_len, n, DEFER_CHUNK):
-            piece = rest[at - base_len + offset:min(n, at + DEFER_CHUNK) - base_len + offset]
-            data = token_bytes(piece)
-            if data is None:  # not plain ints: not delta-coded (the chain starts again)
-                self.source = []
-                return
-            hasher.update(data)  # without the GIL (hashlib, over 2 KiB)
-            parts.append(data)
-            for sub in range(0, len(piece), CMP_ITEMS):  # tuples of ints: the cyclic GC stops
-                out.append(tuple(piece[sub:sub + CMP_ITEMS]))  # tracking them after one look
-                out_ends.append(at + min(len(piece), sub + CMP_ITEMS))
-        self.delta_bytes = b"".join(parts)
-        self.hasher = hasher
-        self.id = _content_id(self._kind, hasher)
-        self.base_id, self.base_len = base_id, base_len
-        self.base_span_id = span_id if base_id is not None else None
-        self.chunks = (out, out_ends)
-        self.source = []
-
-    def _store(self) -> None:
         store, self.store = self.store, None
-        if store is not None and self.id is not None:
+        if store is not None:
             try:
                 self.stored = store.put(self._kind, self)
             except Exception:  # noqa: BLE001 - counted as missing, never a wrong rebuild
@@ -405,21 +332,6 @@ def defer(step: Step, store: Any = None) -> None:
         _DEFERRED.submit(step)
 
 
-#: a chunked chain's steps whose calls run, by ``id()`` of the caller's list (``pending_for``)
-_IN_FLIGHT: dict[int, PendingStep] = {}
-IN_FLIGHT_MAX = 1 << 16
-
-
-def pending_for(items: Any, length: Any) -> PendingStep | None:
-    """The step of a call now running whose prompt is the list ``items`` (``length`` items):
-    how its base is known off the loop's context (token2text runs in an executor), until the
-    call's chain settles it. None for any other list."""
-    step = _IN_FLIGHT.get(id(items))
-    if step is None or step.caller is not items or step.length != length:
-        return None
-    return step
-
-
 class DeltaChain:
     """The previous call of one trajectory (one input field): what the next call may extend.
 
@@ -428,9 +340,8 @@ class DeltaChain:
     call's span id. Not thread-safe by itself: the calls of one trajectory run on one event loop.
     """
 
-    __slots__ = ("_chunks", "_ends", "_full_hasher", "_full_id", "_full_len", "_items", "_kind",
-                 "_mark_ids", "_marks", "_pending", "_prompt_hasher", "_prompt_id", "_prompt_len",
-                 "_span_id")
+    __slots__ = ("_full_hasher", "_full_id", "_full_len", "_items", "_kind", "_mark_ids",
+                 "_marks", "_pending", "_prompt_hasher", "_prompt_id", "_prompt_len", "_span_id")
 
     def __init__(self, kind: str) -> None:
         self._kind = kind
@@ -447,11 +358,6 @@ class DeltaChain:
         self._mark_ids: list[str] = []
         #: the last whole prompt, while its id is computed off the thread (``PendingStep``)
         self._pending: PendingStep | None = None
-        #: a chunked chain (tokens, in a trajectory, from a long first prompt): its content as
-        #: tuples of ``CMP_ITEMS`` tokens (or a response each), built off the loop, and where
-        #: each ends; ``_items`` stays empty. None: the content is ``_items``
-        self._chunks: list[tuple[Any, ...]] | None = None
-        self._ends: list[int] = []
 
     @property
     def kind(self) -> str:
@@ -466,26 +372,7 @@ class DeltaChain:
         step, self._pending = self._pending, None
         if step is None:
             return
-        caller, step.caller = step.caller, None
-        if caller is not None and _IN_FLIGHT.get(id(caller)) is step:
-            del _IN_FLIGHT[id(caller)]
-        if step.resolve() and step.chunks is not None:  # a chunked chain's prompt
-            self._chunks, self._ends = step.chunks
-            step.chunks = None
-            self._prompt_id = self._full_id = step.id
-            self._prompt_hasher = step.hasher.copy()
-            self._full_hasher = step.hasher
-            if step.base_id is None:
-                self._marks, self._mark_ids = [], []
-            while self._marks and self._marks[-1] > step.base_len:
-                self._marks.pop()
-                self._mark_ids.pop()
-            if not self._marks or self._marks[-1] != step.length:
-                self._marks.append(step.length)
-                self._mark_ids.append(step.id)
-            self._prompt_len = self._full_len = step.length
-            self._span_id = None
-        elif step.id is not None:
+        if step.resolve():
             self._prompt_id = self._full_id = step.id
             self._prompt_hasher = step.hasher.copy()
             self._full_hasher = step.hasher
@@ -498,7 +385,6 @@ class DeltaChain:
             self._prompt_id = self._full_id = None
             self._prompt_hasher = self._full_hasher = None
             self._span_id = None
-            self._chunks, self._ends = None, []
 
     def begin(self, items: Sequence[Any], defer_over: int = 0) -> Step | None:
         """The step for a call whose input field is ``items``; None when it cannot be encoded.
@@ -517,14 +403,6 @@ class DeltaChain:
         if self._pending is not None:
             self._settle()
         new = items if type(items) is list else list(items)
-        if self._chunks is not None:
-            if defer_over:
-                return self._begin_chunked(new)
-            self._items = _own_copy(list(itertools.chain.from_iterable(self._chunks)))
-            self._chunks, self._ends = None, []  # recorded at once from here on
-        elif (defer_over and self._kind == KIND_TOKENS and self._full_id is None
-              and len(new) > max(defer_over, DEFER_MIN_ITEMS)):
-            return self._begin_chunked(new)
         base_id: str | None = None
         base_len = 0
         hasher: Any = None
@@ -610,31 +488,6 @@ class DeltaChain:
         self._pending = step
         return step
 
-    def _begin_chunked(self, new: list[Any]) -> Step | None:
-        """A chunked chain's call: O(1) here, plus a copy and a head of the delta it likely
-        adds (the items past the previous content, when its ends agree): which base it extends
-        (if any), its encode and its id are ``PendingStep._compute_chunked``'s, off the loop."""
-        chunks, full = self._chunks, self._full_len
-        delta = new
-        if (chunks and full and self._full_id is not None and len(new) >= full
-                and new[full - 1] == chunks[-1][-1] and new[0] == chunks[0][0]):
-            delta = new[full:]
-        head = token_bytes(delta[:DEFER_HEAD])
-        if head is None or (new and type(new[-1]) is not int):  # not plain ints
-            return None
-        prev: _Prev = (tuple(chunks or ()), tuple(self._ends), full, self._full_id,
-                       self._full_hasher, self._prompt_len, self._prompt_id,
-                       self._prompt_hasher, self._span_id)
-        step = PendingStep(self._kind, new, len(new), delta, head, prev)
-        step.caller = new  # held (so its id is not reused) until the chain settles the step
-        _IN_FLIGHT[id(new)] = step
-        if len(_IN_FLIGHT) > IN_FLIGHT_MAX:  # calls that never ended: the oldest go
-            _IN_FLIGHT.pop(next(iter(_IN_FLIGHT))).caller = None
-        if self._chunks is None:
-            self._chunks, self._ends = [], []
-        self._pending = step
-        return step
-
     def finish(self, content_id: str, length: int, response: Sequence[Any] | None,
                span_id: str | None) -> Step | None:
         """After the call whose prompt was ``content_id`` (``length`` items): its response
@@ -658,11 +511,7 @@ class DeltaChain:
         hasher.update(data)
         node = Step(_content_id(self._kind, hasher), length + len(items), hasher, items, data,
                     content_id, length, span_id)
-        if self._chunks is not None:
-            self._chunks.append(tuple(items))
-            self._ends.append(node.length)
-        else:
-            self._items.extend(items)
+        self._items.extend(items)
         self._marks.append(node.length)
         self._mark_ids.append(node.id)
         self._full_len = node.length
@@ -680,20 +529,6 @@ class DeltaChain:
         n = len(value)
         items = self._items
         marks, ids = self._marks, self._mark_ids
-        chunks = self._chunks
-        if chunks is not None:  # the same, against the chunks
-            ends = self._ends
-            for at in range(len(marks) - 1, -1, -1):
-                length, content_id = marks[at], ids[at]
-                if n >= length and _run_matches(chunks, ends, value, 0, length):
-                    return {REF_KEY: content_id, "len": length, "delta": value[length:]}
-            starts = set(marks)
-            for end, content_id in zip(marks, ids, strict=True):
-                start = end - n
-                if start > 0 and start in starts and _run_matches(chunks, ends, value, start,
-                                                                  end):
-                    return {REF_KEY: content_id, "start": start, "len": n}
-            return None
         for at in range(len(marks) - 1, -1, -1):
             length, content_id = marks[at], ids[at]
             if _is_prefix(items, value, length):
@@ -704,30 +539,6 @@ class DeltaChain:
             if start > 0 and start in starts and items[start:end] == value:
                 return {REF_KEY: content_id, "start": start, "len": n}
         return None
-
-
-def _run_matches(chunks: Sequence[tuple[Any, ...]], ends: Sequence[int], items: list[Any],
-                 lo: int, hi: int) -> bool:
-    """The chunks' content ``[lo:hi)`` equals ``items[:hi - lo]`` (``lo`` and ``hi`` are chunk
-    ends, or 0; ``items`` at least ``hi - lo`` long): the last and first items first (O(1)),
-    then one C-level comparison per chunk (``CMP_ITEMS`` at most: a copy that size)."""
-    if hi <= lo:
-        return hi == lo
-    if len(items) < hi - lo:
-        return False
-    first = bisect.bisect_right(ends, lo) if lo else 0
-    last = bisect.bisect_left(ends, hi)
-    if last >= len(ends) or ends[last] != hi or (lo and ends[first - 1] != lo):
-        return False
-    if items[hi - lo - 1] != chunks[last][-1] or items[0] != chunks[first][0]:
-        return False
-    start = lo
-    for at in range(first, last + 1):
-        end = ends[at]
-        if tuple(items[start - lo:end - lo]) != chunks[at]:
-            return False
-        start = end
-    return True
 
 
 def _ends_match(items: list[Any], new: list[Any], n: int) -> bool:

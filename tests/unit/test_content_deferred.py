@@ -115,11 +115,10 @@ def test_a_pending_prompt_resolves_where_needed_and_a_bad_one_is_not_recorded() 
     prompt = list(range(LONG))
     step = chain.begin(prompt, defer_over=1)
     assert step is not None and step.pending and step.id is None
-    prompt.append(5)  # the caller's list grows in place; the step reads it up to its length
-    # no content-hash thread came by: the next call resolves it on its own thread (and is
-    # itself checked against it off the loop, as a rule; here, where it is resolved)
+    prompt.append(5)  # the caller's list changes; the step encodes the chain's copy
+    # no content-hash thread came by: the next call resolves it on its own thread
     after = chain.begin(list(range(LONG)) + [1, 2], defer_over=1)
-    assert after is not None and after.pending and after.resolve()
+    assert after is not None and not after.pending
     assert after.base_id == _content.token_content_id(list(range(LONG)))
     assert after.base_len == LONG and after.delta == [1, 2]
     assert after.id == _content.token_content_id(list(range(LONG)) + [1, 2])
