@@ -83,7 +83,7 @@ def _check(ok: Any) -> None:
         raise _Refused
 
 
-def _structural_null(data: bytes) -> bool:
+def _structural_null(data: bytes | bytearray) -> bool:
     """Whether ``data`` holds ``"field": null`` outside a string (an escaped quote before the
     colon means the text is inside a string)."""
     find = data.find
@@ -106,7 +106,7 @@ def _structural_null(data: bytes) -> bool:
     return False
 
 
-def _line_starts(data: bytes) -> tuple[list[int], int] | None:
+def _line_starts(data: bytes | bytearray) -> tuple[list[int], int] | None:
     """Each line's offset in ``data`` and the longest line; None when a line is blank."""
     starts = []
     longest = 0
@@ -218,7 +218,8 @@ class _Attribute:
         return self._built[i]
 
 
-def add_stretch(columns: S.Columns, data: bytes, start: int, source: str) -> int | None:
+def add_stretch(columns: S.Columns, data: bytes | bytearray, start: int, source: str
+                 ) -> int | None:
     """Append the rows of ``data`` (complete lines, each ending with ``\\n``; ``start`` the
     offset of its first byte in the file) to ``columns``.
 
@@ -226,13 +227,15 @@ def add_stretch(columns: S.Columns, data: bytes, start: int, source: str) -> int
         The number of lines, or None when the stretch needs the per-line decoder (nothing was
         appended).
     """
-    if _structural_null(data) or b"\xef\xbb\xbf" in data:  # (a BOM: Arrow skips it, orjson not)
-        return None
-    if not data.isascii():  # (10x cheaper than the decode)
+    if not data.isascii():  # (10x cheaper than the decode; ASCII holds no BOM either)
+        if b"\xef\xbb\xbf" in data:  # a BOM: Arrow skips it, orjson not
+            return None
         try:  # pyarrow.json does not check UTF-8; the per-line decoder refuses such a line
             data.decode()
         except UnicodeDecodeError:
             return None
+    if _structural_null(data):
+        return None
     found = _line_starts(data)
     if found is None:
         return None

@@ -207,9 +207,14 @@ def _decode_range(path: str, start: int, stop: int | None, columns: Columns, sou
                   add_line: Callable[[bytes, list[str], Columns, str, int], None] | None = None
                   ) -> int:
     add_line = add_line or _add_line
+    data: bytes | bytearray
     with open(path, "rb") as handle:
         handle.seek(start)
-        data = handle.read() if stop is None else handle.read(max(0, stop - start))
+        if stop is None:
+            data = handle.read()
+        else:  # into a buffer cut at its last line in place (a slice of bytes copied it all)
+            data = bytearray(max(0, stop - start))
+            del data[handle.readinto(data) or 0:]
     last = data.rfind(b"\n")
     end = start + last + 1 if last >= 0 else start
     if stop is None and data[last + 1:].strip():
@@ -219,10 +224,13 @@ def _decode_range(path: str, start: int, stop: int | None, columns: Columns, sou
     pos = 0
     limit = last + 1
     if add_line is _add_line and ARROW_ROWS and limit > 0:
+        if isinstance(data, bytearray):
+            del data[limit:]
         lines = add_stretch(columns, data[:limit] if limit < len(data) else data, start, source)
         if lines is not None:
             counts["lines"] = counts.get("lines", 0) + lines
             return end
+    data = bytes(data)  # (the lines as bytes, as the per-line decoders have always had them)
     bad: list[str] = []
     while pos < limit:
         nl = data.index(b"\n", pos)
