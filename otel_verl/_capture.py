@@ -146,50 +146,59 @@ def _render(config: Any, fields: list[tuple[str, str, Any]],
 
 
 class DeferredPayload(Deferred):
-    """An op's fields to render later, from snapshots (``_payload.snapshot``) taken at the
-    call: what ``_render`` makes of them then is what it makes of the values now.
+    """An op's field to render later, from a snapshot (``_payload.snapshot``) taken at the
+    call: what ``_render`` makes of it then is what it makes of the value now. One object per
+    field (what waits with the span is what the cyclic GC counts).
 
     ``fresh``: rendered as at an op's start (nothing before it counts, as ``payload_attrs``
     with ``existing={}``); else after the attributes before it (``set_payload``)."""
 
-    __slots__ = ("config", "estimate", "fields", "fresh")
+    __slots__ = ("code", "config", "data", "estimate", "fresh", "key", "mime")
 
-    def __init__(self, config: Any, fields: list[tuple[str, str, Any]], estimate: int,
+    def __init__(self, config: Any, key: str, mime: str, snap: tuple[int, Any, int],
                  fresh: bool) -> None:
         self.config = config
-        self.fields = fields
-        self.estimate = estimate
+        self.key = key
+        self.mime = mime
+        self.code, self.data, size = snap
+        self.estimate = min(config.max_field_bytes, size + 16) + len(key) + len(mime) + 56
         self.fresh = fresh
 
     def render(self, before: Mapping[str, Any]) -> Mapping[str, Any]:
         try:
-            fields = [(key, mime, snap.value() if type(snap) is _payload.Snapshot else snap)
-                      for key, mime, snap in self.fields]
-            return clean_attributes(_render(self.config, fields,
+            value = _payload.restore(self.code, self.data)
+            return clean_attributes(_render(self.config, [(self.key, self.mime, value)],
                                             {} if self.fresh else before))  # as stored
         except Exception as exc:  # noqa: BLE001 - never into the reader
             _errors.internal_error(exc, "set_payload (deferred)")
             return {}
 
 
-#: render op payloads off the calling thread where possible (tests compare both paths)
-DEFER_PAYLOADS = True
+#: render op payloads by the span's first reader (off the event loop) where a snapshot is
+#: cheap. Off: measured on ``bench/bench_rollout_stub.py --modes on,deferred`` it did not lower
+#: the loop's CPU (the values left after the per-turn content are small; the fast path
+#: renders them at C speed, and a snapshot costs about as much), see docs/content.md
+DEFER_PAYLOADS = False
 
 
-def _deferred(config: Any, fields: list[tuple[str, str, Any]],
-              fresh: bool) -> DeferredPayload | None:
-    """Snapshots of ``fields`` for a later render; None where one has no cheap snapshot."""
-    if not fields:
+def _deferred(config: Any, fields: list[tuple[str, str, Any]], fresh: bool,
+              existing: Mapping[str, Any]) -> DeferredPayload | dict[str, Any] | None:
+    """The one field for a later render (a ``DeferredPayload``); or rendered now where that
+    costs no more than a snapshot (a small value of exact JSON types: its JSON at C speed, no
+    copy, nothing for the GC); None where it has neither (then render at once, in full)."""
+    if len(fields) != 1:
         return None
-    taken = []
-    size = 0
-    for key, mime, value in fields:
-        snap = _payload.snapshot(value)
-        if snap is None:
-            return None
-        taken.append((key, mime, snap[0]))
-        size += min(config.max_field_bytes, snap[1] + 16) + len(mime) + 56
-    return DeferredPayload(config, taken, size, fresh)
+    key, mime, value = fields[0]
+    # the field's byte limit as ``_render`` computes it; with the input not rendered yet, the
+    # least it can be (the fast path's text is the same at any larger limit)
+    shown = existing.get(semconv.INPUT_VALUE, "")
+    used = len(shown) if type(shown) is str else config.max_field_bytes
+    limit = min(config.max_field_bytes, max(256, config.max_span_bytes - used))
+    fast = _payload.fast_json(value, limit, config.redact)
+    if fast is not None:
+        return {key: fast, mime: semconv.MIME_JSON}
+    snap = _payload.snapshot(value)
+    return None if snap is None else DeferredPayload(config, key, mime, snap, fresh)
 
 
 def deferred_input_attrs(runtime: Runtime, inputs: Any) -> dict[str, Any]:
@@ -199,9 +208,11 @@ def deferred_input_attrs(runtime: Runtime, inputs: Any) -> dict[str, Any]:
     if not DEFER_PAYLOADS:
         return payload_attrs(runtime, inputs, UNSET, {})
     attrs, fields = _prepare(runtime, inputs, UNSET, {})
-    job = _deferred(runtime.config, fields, True)
+    job = _deferred(runtime.config, fields, True, {})
     if job is None:
         attrs.update(_render(runtime.config, fields, {}))
+    elif type(job) is dict:
+        attrs.update(job)
     else:
         attrs[fields[0][0]] = job
     return attrs
@@ -241,12 +252,18 @@ def set_output_deferred(span: Span, output: Any) -> None:
     try:
         existing = attribute_map(span)  # no render: the input may still be deferred
         attrs, fields = _prepare(runtime, UNSET, output, existing)
-        job = _deferred(runtime.config, fields, False)
-        if job is not None:
+        job = _deferred(runtime.config, fields, False, existing)
+        fast = type(job) is dict
+        if fast:  # rendered now (no markers): whatever the input's state
+            attrs.update(job)  # type: ignore[arg-type]
+        elif job is not None:
             attrs[fields[0][0]] = job
         if semconv.CONTENT_FIELD in existing:
             attrs.update(content_outputs(span, output))
         clean = clean_attributes(attrs)
+        if fast:
+            merge_clean(span, clean)
+            return
         if job is not None and merge_deferred(span, clean):
             return
         resolve_live(span)  # rendered now: after the input, as set_payload does
@@ -443,7 +460,7 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
     if not options.dedup or value is None or type(value) in (str, int, float, bool, list, tuple):
         return value, 0
     try:
-        fields = as_dict(value)
+        fields = value if type(value) is dict else as_dict(value)  # (read, never changed)
     except Exception:  # noqa: BLE001 - a user object: recorded as it is
         return value, 0
     if len(fields) == 1 and fields.get("output") is value:
@@ -615,9 +632,8 @@ def content_outputs(span: Span, output: Any) -> dict[str, Any]:
         return settled
     response = None
     if attrs_now.get(semconv.CONTENT_KIND) == _content.KIND_TOKENS:
-        fields = as_dict(output)
         for key in RESPONSE_FIELDS:
-            value = fields.get(key)
+            value = _field(output, key)
             if type(value) is list or type(value) is tuple:
                 response = value
                 break
@@ -632,6 +648,17 @@ def content_outputs(span: Span, output: Any) -> dict[str, Any]:
     stored = content_store(runtime).put(str(attrs_now.get(semconv.CONTENT_KIND)), node)
     return {**settled, semconv.CONTENT_OUTPUT_ID: node.id,
             semconv.CONTENT_OUTPUT_LEN: node.length, semconv.CONTENT_OUTPUT_STORED: stored}
+
+
+def _field(output: Any, key: str) -> Any:
+    """``as_dict(output).get(key)`` without the copy (a dict's key, a dataclass's field)."""
+    kind = type(output)
+    if kind is dict:
+        return output.get(key)
+    if dataclasses.is_dataclass(kind):
+        return object.__getattribute__(output, key) if key in \
+            _payload.dataclass_field_names(kind) else None
+    return as_dict(output).get(key)
 
 
 def record_failure(span: Span, exc: BaseException) -> None:

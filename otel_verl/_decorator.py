@@ -80,7 +80,8 @@ class _OpSpec:
     """What one decorated function needs at call time (picklable: no closures, no locks)."""
 
     __slots__ = ("fn", "name", "kind", "capture_input", "capture_output", "names", "has_self",
-                 "defaults", "simple", "signature", "before", "after", "span_kind")
+                 "defaults", "simple", "signature", "before", "after", "span_kind", "varkw",
+                 "fixed", "positional")
 
     def __init__(self, fn: Callable[..., Any], name: str | None, kind: str | None,
                  capture_input: bool, capture_output: bool, before: BeforeHook | None = None,
@@ -104,12 +105,22 @@ class _OpSpec:
         self.has_self = bool(params) and params[0].name in ("self", "cls")
         self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
         self.simple = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+        # ``(self, a, *, b, **kwargs)``: bound without ``Signature.bind`` (``_bind_varkw``)
+        self.varkw: str | None = None
+        self.fixed: tuple[str, ...] = ()
+        self.positional = 0
+        if params and params[-1].kind is params[-1].VAR_KEYWORD and all(
+                p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params[:-1]):
+            self.varkw = params[-1].name
+            self.fixed = self.names[:-1]
+            self.positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
 
     def __getstate__(self) -> dict[str, Any]:
         return {slot: getattr(self, slot) for slot in self.__slots__ if slot != "signature"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.span_kind = SpanKind.INTERNAL  # a spec pickled before span_kind existed
+        self.varkw, self.fixed, self.positional = None, (), 0  # ... or before varkw
         for key, value in state.items():
             setattr(self, key, value)
         try:
@@ -124,6 +135,9 @@ class _OpSpec:
             inputs.update(kwargs)
             for key, value in self.defaults.items():
                 inputs.setdefault(key, value)
+        elif self.varkw is not None and len(args) <= self.positional and \
+                (bound_varkw := self._bind_varkw(args, kwargs)) is not None:
+            inputs = bound_varkw
         elif self.signature is not None:
             try:
                 bound = self.signature.bind(*args, **kwargs)
@@ -137,6 +151,26 @@ class _OpSpec:
         if self.has_self and self.names and self.names[0] in inputs:
             owner = inputs.pop(self.names[0])
         return owner, inputs
+
+    def _bind_varkw(self, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """``Signature.bind`` + ``apply_defaults`` for ``(a, *, b, **kwargs)`` (parameter order,
+        the extra keywords as one dict, in call order); None where that would raise."""
+        inputs: dict[str, Any] = {}
+        count = len(args)
+        for index, name in enumerate(self.fixed):
+            if index < count:
+                if name in kwargs:  # given twice
+                    return None
+                inputs[name] = args[index]
+            elif name in kwargs:
+                inputs[name] = kwargs[name]
+            elif name in self.defaults:
+                inputs[name] = self.defaults[name]
+            else:  # missing
+                return None
+        inputs[self.varkw] = {k: v for k, v in kwargs.items() if k not in inputs}  # type: ignore[index]
+        return inputs
 
 
 class _OpCall:

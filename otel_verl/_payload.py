@@ -564,18 +564,17 @@ class Fields:
         return zip(self.names, self.values, strict=True)
 
 
-class Snapshot:
-    """A value copied by ``snapshot``: ``value()`` gives the copy (a new one per call)."""
+#: how a snapshot holds its value: the value itself (immutable), ``marshal`` bytes, the same
+#: with plain dataclasses tagged (``restore`` makes them ``Fields``)
+SNAP_SAME, SNAP_MARSHAL, SNAP_TAGGED = 0, 1, 2
 
-    __slots__ = ("data", "fields")
 
-    def __init__(self, data: bytes, fields: bool) -> None:
-        self.data = data  # ``marshal``: an exact copy of dicts, lists, tuples and their leaves
-        self.fields = fields  # it holds plain dataclasses (tagged tuples, made ``Fields``)
-
-    def value(self) -> Any:
-        copy = marshal.loads(self.data)
-        return _untag(copy, 0) if self.fields else copy
+def restore(code: int, data: Any) -> Any:
+    """The value of a snapshot (``snapshot``'s code and data): a new copy per call."""
+    if code == SNAP_SAME:
+        return data
+    copy = marshal.loads(data)
+    return _untag(copy, 0) if code == SNAP_TAGGED else copy
 
 
 #: what a snapshot copies: exact containers and the leaves of JSON (and bytes)
@@ -598,27 +597,31 @@ class _NoSnapshot(Exception):
     pass
 
 
-_PLAIN_DATACLASS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+#: a class -> its field names where it is a plain dataclass, else None (classes are few and
+#: long-lived; the table is cleared when it grows past ``_CLASSES_KEPT``)
+_SNAP_CLASSES: dict[type, tuple[str, ...] | None] = {}
+_CLASSES_KEPT = 1024
 
 
-def _snap_dataclass(kind: type) -> bool:
+def _snap_fields(kind: type) -> tuple[str, ...] | None:
     try:
-        known = _PLAIN_DATACLASS.get(kind)
-    except Exception:  # noqa: BLE001 - not weakly referenceable or hashable
-        return False
-    if known is None:
-        known = dataclasses.is_dataclass(kind) and _plain_dataclass(kind)
-        try:
-            _PLAIN_DATACLASS[kind] = known
-        except Exception:  # noqa: BLE001
-            pass
-    return known
+        return _SNAP_CLASSES[kind]
+    except KeyError:
+        pass
+    except Exception:  # noqa: BLE001 - an unhashable class: not snapshotted
+        return None
+    names = dataclass_field_names(kind) if dataclasses.is_dataclass(kind) and \
+        _plain_dataclass(kind) else None
+    if len(_SNAP_CLASSES) >= _CLASSES_KEPT:
+        _SNAP_CLASSES.clear()
+    _SNAP_CLASSES[kind] = names
+    return names
 
 
-def snapshot(value: Any) -> Any:
-    """A copy of ``value`` that renders (``to_payload``) exactly as ``value`` renders now (a
-    ``Snapshot``, or the value itself when it is immutable), and about the bytes it holds;
-    None where no such copy is cheap (then render at once).
+def snapshot(value: Any) -> tuple[int, Any, int] | None:
+    """A copy of ``value`` that renders (``to_payload``) exactly as ``value`` renders now, as
+    (how it is held, what is held: see ``restore``, about the bytes it holds); None where no
+    such copy is cheap (then render at once).
 
     Only exact dicts, lists and tuples of str, int, float, bool, None and bytes are copied
     (``marshal``, at C speed: the same types, values and order), and plain dataclasses of them
@@ -627,47 +630,55 @@ def snapshot(value: Any) -> Any:
     all, a string over ``SNAPSHOT_STR``, deeper than ``MAX_DEPTH``, or a field that raises:
     None. Nothing is called on a user object but the reads of a dataclass's fields."""
     kind = type(value)
+    if kind in _SNAP_LEAVES:
+        if (kind is str or kind is bytes) and len(value) > SNAPSHOT_STR:
+            return None
+        return SNAP_SAME, value, len(value) if kind is str or kind is bytes else 8
+    state = _State()
     try:
-        if kind in _SNAP_LEAVES:
-            if (kind is str or kind is bytes) and len(value) > SNAPSHOT_STR:
-                return None
-            return value, len(value) if kind is str or kind is bytes else 8
-        tagged = [False]
-        value = _prep(value, 0, [0], tagged)
+        value = _prep(value, 0, state)
         data = marshal.dumps(value)
     except Exception:  # noqa: BLE001 - _NoSnapshot, a field that raised: render at once
         return None
-    return Snapshot(data, tagged[0]), len(data)
+    return SNAP_TAGGED if state.tagged else SNAP_MARSHAL, data, len(data)
 
 
-def _prep(obj: Any, depth: int, count: list[int], tagged: list[bool]) -> Any:
+class _State:
+    __slots__ = ("count", "tagged")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.tagged = False
+
+
+def _prep(obj: Any, depth: int, state: _State) -> Any:
     """``obj`` as ``marshal`` takes it (plain dataclasses tagged; containers holding one
     rebuilt, the rest as they are), checked against ``snapshot``'s bounds."""
     if depth >= MAX_DEPTH:
         raise _NoSnapshot
     kind = type(obj)
-    if kind not in _SNAP_CONTAINERS:
-        if not _snap_dataclass(kind):
-            raise _NoSnapshot
-        names = dataclass_field_names(kind)
-        tagged[0] = True
-        values = tuple([object.__getattribute__(obj, name) for name in names])
-        return (_TAG, names, _prep(values, depth + 1, count, tagged))
-    size = len(obj)
-    count[0] += size + 1
-    if size > SNAPSHOT_LIST or count[0] > SNAPSHOT_NODES:
-        raise _NoSnapshot
     if kind is dict:
+        items: Any = obj.values()
         if not set(map(type, obj)) <= _SNAP_LEAVES:  # keys (a tuple key: at once)
             raise _NoSnapshot
-        items: Any = obj.values()
-    else:
+    elif kind is list or kind is tuple:
         items = obj
+    else:
+        names = _snap_fields(kind)
+        if names is None:
+            raise _NoSnapshot
+        state.tagged = True
+        values = tuple([object.__getattribute__(obj, name) for name in names])
+        return (_TAG, names, _prep(values, depth + 1, state))
+    size = len(obj)
+    state.count += size + 1
+    if size > SNAPSHOT_LIST or state.count > SNAPSHOT_NODES:
+        raise _NoSnapshot
     kinds = set(map(type, items))  # at C speed
     if str in kinds or bytes in kinds:
-        for item in items:
-            if (type(item) is str or type(item) is bytes) and len(item) > SNAPSHOT_STR:
-                raise _NoSnapshot
+        if max(map(len, [item for item in items if type(item) is str or type(item) is bytes])
+               ) > SNAPSHOT_STR:
+            raise _NoSnapshot
     if kinds <= _SNAP_LEAVES:
         return obj
     changed = False
@@ -676,7 +687,7 @@ def _prep(obj: Any, depth: int, count: list[int], tagged: list[bool]) -> Any:
         if type(item) in _SNAP_LEAVES:
             out.append(item)
             continue
-        new = _prep(item, depth + 1, count, tagged)
+        new = _prep(item, depth + 1, state)
         changed = changed or new is not item
         out.append(new)
     if not changed:
@@ -706,6 +717,28 @@ def _untag(obj: Any, depth: int) -> Any:
     return obj
 
 
+def fast_json(value: Any, max_bytes: int, redact: bool) -> str | None:
+    """``to_payload(value, ...).json`` where its fast path applies (a small value of exact JSON
+    types, ``_plain_json``: nothing cut, redacted or noted), else None. Its success at one
+    ``max_bytes`` implies the same text at any larger one."""
+    if _orjson is None:
+        return None
+    max_bytes = max(256, max_bytes)
+    kind = type(value)
+    if kind in _PLAIN_CONTAINERS:
+        return _plain_json(value, max_bytes, redact)
+    if kind is Fields:
+        return _plain_json(dict(value.pairs), max_bytes, redact)
+    if dataclasses.is_dataclass(kind) and _plain_dataclass(kind):
+        try:
+            fields = {name: object.__getattribute__(value, name)
+                      for name in dataclass_field_names(kind)}
+        except Exception:  # noqa: BLE001 - a failing field: the walk notes it
+            return None
+        return _plain_json(fields, max_bytes, redact)
+    return None
+
+
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     """Serialise ``value`` to JSON text of at most ``max_bytes`` UTF-8 bytes. Never raises.
 
@@ -719,23 +752,9 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
         The JSON text and what was cut, redacted or could not be serialised.
     """
     max_bytes = max(256, max_bytes)
-    if _orjson is not None:
-        kind = type(value)
-        fast = None
-        if kind in _PLAIN_CONTAINERS:
-            fast = _plain_json(value, max_bytes, redact)
-        elif kind is Fields:
-            fast = _plain_json(dict(value.pairs), max_bytes, redact)
-        elif dataclasses.is_dataclass(kind) and _plain_dataclass(kind):
-            try:
-                fields = {name: object.__getattribute__(value, name)
-                          for name in dataclass_field_names(kind)}
-            except Exception:  # noqa: BLE001 - a failing field: the walk notes it
-                fields = None
-            if fields is not None:
-                fast = _plain_json(fields, max_bytes, redact)
-        if fast is not None:
-            return Payload(fast)
+    fast = fast_json(value, max_bytes, redact)
+    if fast is not None:
+        return Payload(fast)
     try:
         walker = _Walker(redact, max_bytes - max(64, max_bytes // 32))  # room for the marks
         data = walker.walk(value)

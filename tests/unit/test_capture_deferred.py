@@ -22,6 +22,14 @@ from otel_verl.exporters._processor import BoundedBatchProcessor
 from otel_verl.testing import capture_spans
 
 
+@pytest.fixture(autouse=True)
+def _deferred_on():
+    old = _capture.DEFER_PAYLOADS
+    _capture.DEFER_PAYLOADS = True
+    yield
+    _capture.DEFER_PAYLOADS = old
+
+
 @dataclasses.dataclass
 class Point:
     x: Any
@@ -47,8 +55,8 @@ def op(x: Any, y: Any = None) -> Any:
 
 
 @rollout_trace_op
-def point(x: Any) -> Point:
-    return Point([1, 2], "z")
+def point(x: Any) -> tuple[str, Point]:
+    return "p", Point([1, 2], "z")
 
 
 @rollout_trace_op
@@ -79,6 +87,7 @@ _values = st.recursive(
 
 
 def _run(defer: bool, x: Any, y: Any, **config: Any) -> list[tuple[str, Any]]:
+    old = _capture.DEFER_PAYLOADS
     _capture.DEFER_PAYLOADS = defer
     try:
         with capture_spans(**config) as exporter:
@@ -86,7 +95,7 @@ def _run(defer: bool, x: Any, y: Any, **config: Any) -> list[tuple[str, Any]]:
             (span,) = exporter.get_finished_spans()
             return list(span.attributes.items())
     finally:
-        _capture.DEFER_PAYLOADS = True
+        _capture.DEFER_PAYLOADS = old
 
 
 _CONFIGS = st.sampled_from([{}, {"max_field_bytes": 1024, "max_span_bytes": 1500},
@@ -111,19 +120,20 @@ def test_the_op_span_is_rendered_by_its_first_reader_not_by_the_call(monkeypatch
     monkeypatch.setattr(_capture, "to_payload", counted)
     main = threading.get_ident()
     with capture_spans(processor="batch", durable=False) as exporter:
-        point({"messages": [{"role": "user", "content": "hi " * 50}]})
+        point({"messages": [{"role": "user", "content": "hi " * 50}], "at": Point(1)})
         assert calls == []  # nothing rendered by the call
         assert RolloutTraceConfig.flush(10.0)
         (span,) = exporter.get_finished_spans()
         assert len(calls) == 2 and main not in calls  # input and output, on the export thread
-        assert span.attributes[semconv.OUTPUT_VALUE] == '{"x":[1,2],"y":"z"}'
+        assert span.attributes[semconv.OUTPUT_VALUE] == '["p",{"x":[1,2],"y":"z"}]'
         dict(span.attributes)
         assert len(calls) == 2  # once
 
 
 def test_a_value_changed_after_the_call_does_not_change_the_span():
-    x = {"messages": [{"role": "user", "content": "before"}], "n": [1, 2, 3]}
-    y = [{"k": "v"}, [0] * 20]
+    # (a dataclass inside: not the fast path, so rendered after the edits)
+    x = {"messages": [{"role": "user", "content": "before"}], "n": [1, 2, 3], "p": Point(0)}
+    y = [{"k": "v"}, [0] * 20, Point([5])]
     # the batch processor: the span is rendered on the export thread, after the edits below
     with capture_spans(processor="batch", durable=False, schedule_delay_s=30) as exporter:
         op(x, y=y)
@@ -133,11 +143,13 @@ def test_a_value_changed_after_the_call_does_not_change_the_span():
         x["new"] = 1  # a key added
         y[0]["k"] = "changed"
         y[1].append(9)
+        y[2].x.append(6)
+        assert type(exporter.get_finished_spans()) is tuple  # (nothing exported yet)
         assert RolloutTraceConfig.flush(10.0)
         (span,) = exporter.get_finished_spans()
         attrs = span.attributes
     expected = _run(False, {"messages": [{"role": "user", "content": "before"}],
-                            "n": [1, 2, 3]}, [{"k": "v"}, [0] * 20])
+                            "n": [1, 2, 3], "p": Point(0)}, [{"k": "v"}, [0] * 20, Point([5])])
     assert list(attrs.items()) == expected
     assert "after" not in attrs[semconv.INPUT_VALUE] and "changed" not in \
         attrs[semconv.OUTPUT_VALUE]
@@ -168,21 +180,21 @@ def test_async_ops_defer_too():
     import asyncio
 
     with capture_spans() as exporter:
-        asyncio.run(aop([1, 2], y={"a": "b"}))
+        asyncio.run(aop([1, 2], y=(Point("b"),)))
         (span,) = exporter.get_finished_spans()
         assert type(span) is DeferredReadableSpan
-        assert span.attributes[semconv.INPUT_VALUE] == '{"x":[1,2],"y":{"a":"b"}}'
+        assert span.attributes[semconv.INPUT_VALUE] == '{"x":[1,2],"y":[{"x":"b","y":null}]}'
 
 
 def test_the_batch_processor_queues_a_deferred_span_without_rendering_it():
     with capture_spans(processor="batch", durable=False, schedule_delay_s=30) as exporter:
-        op({"a": "x" * 1000}, y=[1, 2, 3])
+        op({"a": "x" * 1000, "p": Point(1)}, y=(Point(2),))
         processor = STATE.runtime.processor
         assert type(processor) is BoundedBatchProcessor
         (queued,) = list(processor._queue)
         assert type(queued) is DeferredReadableSpan and queued._deferred  # not rendered
         estimate = deferred_estimate(queued)
-        assert estimate is not None and 1000 < estimate < 4000
+        assert estimate is not None and 1000 < estimate < 5000
         assert processor._sizes[0] == estimate
         assert RolloutTraceConfig.flush(10.0)
         (span,) = exporter.get_finished_spans()
@@ -216,8 +228,9 @@ def test_a_live_read_of_the_span_renders_its_input(defer):
     _capture.DEFER_PAYLOADS = defer
     try:
         with capture_spans() as exporter:
-            reads({"q": 1})
+            reads({"q": Point(1)})  # (not the fast path: deferred when deferral is on)
             (span,) = exporter.get_finished_spans()
-            assert span.attributes[semconv.INPUT_VALUE] == seen[0] == '{"x":{"q":1}}'
+            assert span.attributes[semconv.INPUT_VALUE] == seen[0] == \
+                '{"x":{"q":{"x":1,"y":null}}}'
     finally:
         _capture.DEFER_PAYLOADS = True
