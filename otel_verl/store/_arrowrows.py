@@ -36,7 +36,7 @@ import pyarrow.json as pj
 from otel_verl._otlp_json import _KINDS, _STATUS_CODES, _dec_attributes, _dec_nanos
 from otel_verl.store import _schema as S
 
-__all__ = ["SCHEMA", "add_stretch"]
+__all__ = ["SCHEMA", "add_parsed", "add_stretch", "parse_stretch"]
 
 _STR = pa.string()
 _I64 = pa.int64()
@@ -221,12 +221,21 @@ class _Attribute:
 def add_stretch(columns: S.Columns, data: bytes | bytearray, start: int, source: str
                  ) -> int | None:
     """Append the rows of ``data`` (complete lines, each ending with ``\\n``; ``start`` the
-    offset of its first byte in the file) to ``columns``.
+    offset of its first byte in the file) to ``columns``: :func:`parse_stretch`, then
+    :func:`add_parsed`.
 
     Returns:
         The number of lines, or None when the stretch needs the per-line decoder (nothing was
         appended).
     """
+    parsed = parse_stretch(data)
+    return None if parsed is None else add_parsed(columns, parsed, start, source)
+
+
+def parse_stretch(data: bytes | bytearray) -> tuple[pa.Table, list[int]] | None:
+    """The checks on a stretch of complete lines and its ``pyarrow.json`` parse (what may run
+    in another thread: the parse releases the GIL): ``(table, line starts)``, or None when the
+    stretch needs the per-line decoder."""
     if not data.isascii():  # (10x cheaper than the decode; ASCII holds no BOM either)
         if b"\xef\xbb\xbf" in data:  # a BOM: Arrow skips it, orjson not
             return None
@@ -247,6 +256,15 @@ def add_stretch(columns: S.Columns, data: bytes | bytearray, start: int, source:
         return None
     if table.num_rows != len(starts):
         return None
+    return table, starts
+
+
+def add_parsed(columns: S.Columns, parsed: tuple[pa.Table, list[int]], start: int,
+               source: str) -> int | None:
+    """Append the rows of a :func:`parse_stretch` result (``start``: the stretch's offset in
+    the file) to ``columns``; the number of lines, or None (nothing appended) when a check on
+    the rows refused them."""
+    table, starts = parsed
     built = []
     first = 0
     try:

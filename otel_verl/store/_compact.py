@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 
 from otel_verl._otlp_json import iter_spans
 from otel_verl.store import list_files
-from otel_verl.store._arrowrows import add_stretch
+from otel_verl.store._arrowrows import add_parsed, parse_stretch
 from otel_verl.store._fastrows import add_resource_spans
 from otel_verl.store._record import SpanRecord
 from otel_verl.store._schema import Columns
@@ -74,6 +74,8 @@ OLD_MANIFESTS = ("manifest.v1",)
 SKIP_DIRS = (LAKE_DIR + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
 NULL_PART = "__HIVE_DEFAULT_PARTITION__"
 _HEAD = 4096
+#: bytes read (and parsed by pyarrow.json) at once
+STRETCH = 32 << 20
 #: spans gathered before a chunk is written and committed
 CHUNK_SPANS = 200_000
 #: rows per Parquet row group (small, and lz4 for the span segments: a trajectory page reads
@@ -186,12 +188,15 @@ def no_gc() -> Iterator[None]:
 
 def decode_range(path: str, start: int, stop: int | None, columns: Columns, source: str,
                  counts: dict[str, int] | None = None,
-                 problems: list[str] | None = None, *, _legacy: bool = False) -> int:
+                 problems: list[str] | None = None, *, _legacy: bool = False,
+                 _prefetch: _Prefetch | None = None, _file_stop: int | None = None) -> int:
     """Decode the whole lines of ``path`` in ``[start, stop)`` into ``columns``.
 
     ``counts`` gets ``lines``, ``bad_lines`` (not JSON, not OTLP), ``bad_spans`` and, when
     ``stop`` is None (to the end), ``truncated_lines`` (a last line without its newline);
-    ``problems`` the first few as ``"file:offset: what"``.
+    ``problems`` the first few as ``"file:offset: what"``. With ``_prefetch`` (compaction's
+    loop), the next stretch of the file (up to ``_file_stop``) is read and parsed in its
+    thread while this one's rows are built.
 
     Returns:
         The offset after the last complete line read (where the next read starts).
@@ -199,14 +204,13 @@ def decode_range(path: str, start: int, stop: int | None, columns: Columns, sour
     with no_gc():
         return _decode_range(path, start, stop, columns, source,
                              counts if counts is not None else {}, problems,
-                             _add_line_legacy if _legacy else _add_line)
+                             _add_line_legacy if _legacy else _add_line, _prefetch, _file_stop)
 
 
-def _decode_range(path: str, start: int, stop: int | None, columns: Columns, source: str,
-                  counts: dict[str, int], problems: list[str] | None,
-                  add_line: Callable[[bytes, list[str], Columns, str, int], None] | None = None
-                  ) -> int:
-    add_line = add_line or _add_line
+def _read_stretch(path: str, start: int, stop: int | None, arrow: bool
+                  ) -> tuple[bytes | bytearray, int, tuple[pa.Table, list[int]] | None]:
+    """A stretch's bytes, the index of its last newline (-1: none) and, with ``arrow``, its
+    parse (:func:`otel_verl.store._arrowrows.parse_stretch`; None: refused, or no line)."""
     data: bytes | bytearray
     with open(path, "rb") as handle:
         handle.seek(start)
@@ -216,17 +220,60 @@ def _decode_range(path: str, start: int, stop: int | None, columns: Columns, sou
             data = bytearray(max(0, stop - start))
             del data[handle.readinto(data) or 0:]
     last = data.rfind(b"\n")
+    parsed = None
+    if arrow and last >= 0:
+        if isinstance(data, bytearray):
+            del data[last + 1:]
+        parsed = parse_stretch(data[:last + 1] if last + 1 < len(data) else data)
+    return data, last, parsed
+
+
+class _Prefetch:
+    """One stretch read and parsed ahead, in a thread (``pyarrow.json``'s parse releases the
+    GIL: it runs beside the building of the rows before it, and beside a chunk's writes)."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="otel_verl-prefetch")
+        self._next: tuple[tuple[str, int, int], Any] | None = None
+
+    def submit(self, path: str, start: int, stop: int) -> None:
+        self._next = ((path, start, stop),
+                      self._pool.submit(_read_stretch, path, start, stop, ARROW_ROWS))
+
+    def take(self, path: str, start: int, stop: int | None, arrow: bool
+             ) -> tuple[bytes | bytearray, int, tuple[pa.Table, list[int]] | None] | None:
+        """The stretch read ahead when it is this one (None: read it now)."""
+        ahead, self._next = self._next, None
+        if ahead is None or ahead[0] != (path, start, stop) or not arrow:
+            return None
+        return ahead[1].result()
+
+    def close(self) -> None:
+        self._next = None
+        self._pool.shutdown(wait=True)
+
+
+def _decode_range(path: str, start: int, stop: int | None, columns: Columns, source: str,
+                  counts: dict[str, int], problems: list[str] | None,
+                  add_line: Callable[[bytes, list[str], Columns, str, int], None] | None = None,
+                  prefetch: _Prefetch | None = None, file_stop: int | None = None) -> int:
+    add_line = add_line or _add_line
+    arrow = add_line is _add_line and ARROW_ROWS
+    got = prefetch.take(path, start, stop, arrow) if prefetch is not None else None
+    data, last, parsed = got if got is not None else _read_stretch(path, start, stop, arrow)
     end = start + last + 1 if last >= 0 else start
+    if prefetch is not None and file_stop is not None and start < end < file_stop:
+        prefetch.submit(path, end, min(file_stop, end + STRETCH))
     if stop is None and data[last + 1:].strip():
         counts["truncated_lines"] = counts.get("truncated_lines", 0) + 1
         if problems is not None and len(problems) < 20:
             problems.append(f"{path}:{end}: truncated last line")
     pos = 0
     limit = last + 1
-    if add_line is _add_line and ARROW_ROWS and limit > 0:
-        if isinstance(data, bytearray):
-            del data[limit:]
-        lines = add_stretch(columns, data[:limit] if limit < len(data) else data, start, source)
+    if parsed is not None:
+        lines = add_parsed(columns, parsed, start, source)
         if lines is not None:
             counts["lines"] = counts.get("lines", 0) + lines
             return end
@@ -444,7 +491,7 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
         # the collector paused for the whole run, not per decoded stretch: re-enabled with
         # a chunk's rows alive, its first collection walked them all (9 % of the time)
         collect = gc.isenabled()
-        with no_gc():
+        with no_gc(), contextlib.closing(_Prefetch()) as prefetch:
             for rel, path, start, stop, gen in work:
                 entry = dict(manifest.sources.get(rel) or {})
                 if entry.get("gen", gen) != gen or not entry:
@@ -456,9 +503,10 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
                 source = Manifest.source_id(rel, gen)
                 pos = start
                 while pos < stop:  # a chunk at most ~chunk_spans spans
-                    step_stop = min(stop, pos + (32 << 20))
+                    step_stop = min(stop, pos + STRETCH)
                     counts: dict[str, int] = {}
-                    end = decode_range(path, pos, step_stop, columns, source, counts)
+                    end = decode_range(path, pos, step_stop, columns, source, counts,
+                                       _prefetch=prefetch, _file_stop=stop)
                     if end == pos:  # no complete line in this stretch: a line > 32 MiB, or a torn end
                         if step_stop == stop:
                             break

@@ -69,7 +69,7 @@ ARROW_STRETCHES = [0]  # stretches the last _decode took through store/_arrowrow
 
 @contextlib.contextmanager
 def _counting_arrow(enabled: bool) -> Iterator[None]:
-    real = _compact.add_stretch
+    real = _compact.add_parsed
 
     def counted(*args: Any) -> int | None:
         lines = real(*args)
@@ -77,12 +77,12 @@ def _counting_arrow(enabled: bool) -> Iterator[None]:
         return lines
 
     ARROW_STRETCHES[0] = 0
-    _compact.add_stretch = counted
+    _compact.add_parsed = counted
     _compact.ARROW_ROWS = enabled
     try:
         yield
     finally:
-        _compact.add_stretch = real
+        _compact.add_parsed = real
         _compact.ARROW_ROWS = True
 
 
