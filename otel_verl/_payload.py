@@ -483,26 +483,47 @@ def _plain_dataclass(kind: type) -> bool:
 
 def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     """``value``'s JSON text when it is small and made of exact JSON types only (dict with str
-    keys, list, tuple, str, int, finite float, bool, None), no key to redact, no key over
+    keys, list, tuple, str, int, finite float, bool, None) and plain dataclasses of them (as the
+    mapping of their fields, as the walk records them), no key to redact, no key over
     ``MAX_KEY_CHARS``, no deeper than ``MAX_DEPTH``: exactly what the walk would produce, at a
     fraction of its cost (a small op input or output is the common case). None otherwise (the
-    walk decides; orjson refuses lone surrogates, ints beyond 64 bits and cycles)."""
+    walk decides; orjson refuses lone surrogates, ints beyond 64 bits and cycles). A list of
+    integers (token ids) is checked at C speed, not item by item."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     nodes = chars = 0
     limit = max_bytes // _PLAIN_SHARE
     leaves = _PLAIN_LEAVES
+    dataclasses_seen = False
     while stack:
         item, depth = stack.pop()
         nodes += 1
         if nodes > _PLAIN_NODES or depth >= MAX_DEPTH:
             return None
         kind = type(item)
-        if kind is dict or kind is list or kind is tuple:
-            nodes += len(item)  # counted before the pass: a long list is the walk's at once
+        if (kind is list or kind is tuple) and len(item) > 16 and \
+                set(map(type, item)) <= _PLAIN_INTS:  # token ids: no walk of their own
+            if len(item) * 2 > limit:  # (each takes 2 bytes at least)
+                return None
+            continue
+        pairs: Any = None
+        if kind is dict:
+            pairs = item.items()
+        elif kind is not list and kind is not tuple and kind not in leaves and \
+                kind is not float:
+            names = _snap_fields(kind)
+            if names is None:  # not a plain dataclass: the walk decides
+                return None
+            try:
+                pairs = [(name, object.__getattribute__(item, name)) for name in names]
+            except Exception:  # noqa: BLE001 - a failing field: the walk notes it
+                return None
+            dataclasses_seen = True
+        if kind is dict or kind is list or kind is tuple or pairs is not None:
+            nodes += len(item) if pairs is None or kind is dict else len(pairs)
             if nodes > _PLAIN_NODES:
                 return None
-        if kind is dict:
-            for key, sub in item.items():
+        if pairs is not None:
+            for key, sub in pairs:
                 if type(key) is not str or len(key) > MAX_KEY_CHARS:
                     return None
                 if redact and sub is not None and is_sensitive_key(key):
@@ -536,15 +557,26 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
         elif kind is float:
             if not math.isfinite(item):
                 return None
-        elif kind not in leaves:
-            return None
     try:
-        data = _orjson.dumps(value)
+        data = _orjson.dumps(value, default=_fields_of, option=_orjson.OPT_PASSTHROUGH_DATACLASS) \
+            if dataclasses_seen else _orjson.dumps(value)
     except Exception:  # noqa: BLE001 - a lone surrogate, a big int, a cycle: the walk's rules
         return None
     if len(data) * _PLAIN_SHARE > max_bytes:
         return None
     return str(data, "utf-8")
+
+
+#: what a list of token ids is made of (``_plain_json`` checks it at C speed)
+_PLAIN_INTS = frozenset({int, bool, type(None)})
+
+
+def _fields_of(obj: Any) -> dict[str, Any]:
+    """orjson's ``default`` for a plain dataclass ``_plain_json`` checked: its fields, in order."""
+    names = _SNAP_CLASSES.get(type(obj))
+    if names is None:
+        raise TypeError(type(obj).__name__)
+    return {name: object.__getattribute__(obj, name) for name in names}
 
 
 # -- snapshots: what a payload will render to, taken in O(its size) for a later render -----------
@@ -610,8 +642,11 @@ def _snap_fields(kind: type) -> tuple[str, ...] | None:
         pass
     except Exception:  # noqa: BLE001 - an unhashable class: not snapshotted
         return None
-    names = dataclass_field_names(kind) if dataclasses.is_dataclass(kind) and \
-        _plain_dataclass(kind) else None
+    try:
+        names = dataclass_field_names(kind) if dataclasses.is_dataclass(kind) and \
+            _plain_dataclass(kind) else None
+    except Exception:  # noqa: BLE001 - a class that lies about its fields: the walk decides
+        names = None
     if len(_SNAP_CLASSES) >= _CLASSES_KEPT:
         _SNAP_CLASSES.clear()
     _SNAP_CLASSES[kind] = names

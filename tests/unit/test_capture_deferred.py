@@ -21,6 +21,9 @@ from otel_verl._state import STATE
 from otel_verl.exporters._processor import BoundedBatchProcessor
 from otel_verl.testing import capture_spans
 
+#: a value the fast path leaves to the walk (so deferred, when deferral is on)
+NAN = float("nan")
+
 
 @pytest.fixture(autouse=True)
 def _deferred_on():
@@ -56,7 +59,7 @@ def op(x: Any, y: Any = None) -> Any:
 
 @rollout_trace_op
 def point(x: Any) -> tuple[str, Point]:
-    return "p", Point([1, 2], "z")
+    return "p", Point([1, 2], NAN)
 
 
 @rollout_trace_op
@@ -120,20 +123,20 @@ def test_the_op_span_is_rendered_by_its_first_reader_not_by_the_call(monkeypatch
     monkeypatch.setattr(_capture, "to_payload", counted)
     main = threading.get_ident()
     with capture_spans(processor="batch", durable=False) as exporter:
-        point({"messages": [{"role": "user", "content": "hi " * 50}], "at": Point(1)})
+        point({"messages": [{"role": "user", "content": "hi " * 50}], "at": Point(NAN)})
         assert calls == []  # nothing rendered by the call
         assert RolloutTraceConfig.flush(10.0)
         (span,) = exporter.get_finished_spans()
         assert len(calls) == 2 and main not in calls  # input and output, on the export thread
-        assert span.attributes[semconv.OUTPUT_VALUE] == '["p",{"x":[1,2],"y":"z"}]'
+        assert span.attributes[semconv.OUTPUT_VALUE] == '["p",{"x":[1,2],"y":"nan"}]'
         dict(span.attributes)
         assert len(calls) == 2  # once
 
 
 def test_a_value_changed_after_the_call_does_not_change_the_span():
-    # (a dataclass inside: not the fast path, so rendered after the edits)
-    x = {"messages": [{"role": "user", "content": "before"}], "n": [1, 2, 3], "p": Point(0)}
-    y = [{"k": "v"}, [0] * 20, Point([5])]
+    # (a NaN inside: not the fast path, so rendered after the edits)
+    x = {"messages": [{"role": "user", "content": "before"}], "n": [1, 2, 3], "p": Point(NAN)}
+    y = [{"k": "v"}, [0] * 20, Point([5], NAN)]
     # the batch processor: the span is rendered on the export thread, after the edits below
     with capture_spans(processor="batch", durable=False, schedule_delay_s=30) as exporter:
         op(x, y=y)
@@ -149,7 +152,7 @@ def test_a_value_changed_after_the_call_does_not_change_the_span():
         (span,) = exporter.get_finished_spans()
         attrs = span.attributes
     expected = _run(False, {"messages": [{"role": "user", "content": "before"}],
-                            "n": [1, 2, 3], "p": Point(0)}, [{"k": "v"}, [0] * 20, Point([5])])
+                            "n": [1, 2, 3], "p": Point(NAN)}, [{"k": "v"}, [0] * 20, Point([5], NAN)])
     assert list(attrs.items()) == expected
     assert "after" not in attrs[semconv.INPUT_VALUE] and "changed" not in \
         attrs[semconv.OUTPUT_VALUE]
@@ -180,15 +183,15 @@ def test_async_ops_defer_too():
     import asyncio
 
     with capture_spans() as exporter:
-        asyncio.run(aop([1, 2], y=(Point("b"),)))
+        asyncio.run(aop([1, 2], y=(Point(NAN),)))
         (span,) = exporter.get_finished_spans()
         assert type(span) is DeferredReadableSpan
-        assert span.attributes[semconv.INPUT_VALUE] == '{"x":[1,2],"y":[{"x":"b","y":null}]}'
+        assert span.attributes[semconv.INPUT_VALUE] == '{"x":[1,2],"y":[{"x":"nan","y":null}]}'
 
 
 def test_the_batch_processor_queues_a_deferred_span_without_rendering_it():
     with capture_spans(processor="batch", durable=False, schedule_delay_s=30) as exporter:
-        op({"a": "x" * 1000, "p": Point(1)}, y=(Point(2),))
+        op({"a": "x" * 1000, "p": Point(NAN)}, y=(Point(NAN),))
         processor = STATE.runtime.processor
         assert type(processor) is BoundedBatchProcessor
         (queued,) = list(processor._queue)
@@ -228,9 +231,9 @@ def test_a_live_read_of_the_span_renders_its_input(defer):
     _capture.DEFER_PAYLOADS = defer
     try:
         with capture_spans() as exporter:
-            reads({"q": Point(1)})  # (not the fast path: deferred when deferral is on)
+            reads({"q": Point(NAN)})  # (not the fast path: deferred when deferral is on)
             (span,) = exporter.get_finished_spans()
             assert span.attributes[semconv.INPUT_VALUE] == seen[0] == \
-                '{"x":{"q":{"x":1,"y":null}}}'
+                '{"x":{"q":{"x":"nan","y":null}}}'
     finally:
         _capture.DEFER_PAYLOADS = True

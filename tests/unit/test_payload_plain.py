@@ -98,3 +98,69 @@ def test_a_small_dataclass_output_is_not_walked(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(_payload, "_Walker", no_walk)
     payload = to_payload(_Out([5, 6], "stop"), max_bytes=65536, redact=True)
     assert payload.json == '{"token_ids":[5,6],"finish_reason":"stop","log_probs":null}'
+
+
+# nested plain dataclasses and lists of token ids (``_plain_json`` takes them too) -------------
+
+
+@dataclasses.dataclass
+class _Call:
+    name: Any
+    arguments: Any = None
+
+
+@dataclasses.dataclass
+class _Secret:
+    api_key: Any = "k"
+    raw: Any = None
+
+
+@dataclasses.dataclass
+class _Broken:
+    field: Any
+
+    def __post_init__(self) -> None:
+        object.__delattr__(self, "field")  # reading it raises
+
+
+class _Mapping(dict):  # type: ignore[type-arg]
+    pass
+
+
+_tokens = st.builds(lambda n, big: [2**65 if big and i == n // 2 else i for i in range(n)],
+                    st.integers(0, 3000), st.booleans())
+_nested = st.recursive(
+    st.one_of(_leaves, _tokens, st.builds(lambda n: [True, None] * n, st.integers(0, 40)),
+              st.builds(_Broken, st.none()), st.just(_Mapping(a=1))),
+    lambda inner: st.one_of(st.lists(inner, max_size=6), st.lists(inner, max_size=4).map(tuple),
+                            st.dictionaries(_keys, inner, max_size=5),
+                            st.builds(_Call, inner, inner), st.builds(_Secret, inner, inner)),
+    max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(value=_nested, max_bytes=st.sampled_from([256, 1024, 8192, 65536]),
+       redact=st.booleans())
+def test_nested_dataclasses_and_token_lists_equal_the_walk(value: Any, max_bytes: int,
+                                                           redact: bool,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    fast = to_payload(value, max_bytes=max_bytes, redact=redact)
+    slow = _walked(value, max_bytes, redact, monkeypatch)
+    assert (fast.json, fast.truncated, fast.redacted, fast.error) == \
+        (slow.json, slow.truncated, slow.redacted, slow.error)
+
+
+@pytest.mark.parametrize("value", [
+    ("", [_Call("calculator", {"expression": "12*7"})]),  # a tool parser's (text, calls)
+    {"request_id": "r", "prompt_ids": list(range(1000)), "sampling_params": {"t": 1.0}},
+])
+def test_tool_calls_and_token_heads_are_not_walked(value: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_walk(*_: Any) -> Any:
+        raise AssertionError("walked")
+
+    slow = to_payload(value, max_bytes=65536, redact=True)
+    monkeypatch.setattr(_payload, "_Walker", no_walk)
+    assert to_payload(value, max_bytes=65536, redact=True) == slow
