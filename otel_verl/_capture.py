@@ -222,7 +222,7 @@ def merge_op_attrs(span: Span, attrs: dict[str, Any]) -> None:
     """Put attributes from ``deferred_input_attrs`` on a started span (rendered now where the
     span cannot hold a deferred value)."""
     clean = clean_attributes(attrs)
-    if any(isinstance(v, Deferred) for v in clean.values()):
+    if DEFER_PAYLOADS and any(isinstance(v, Deferred) for v in clean.values()):
         if merge_deferred(span, clean):
             return
         clean = _inline(clean, {})
