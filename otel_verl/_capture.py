@@ -465,32 +465,47 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
         return value, 0
     if len(fields) == 1 and fields.get("output") is value:
         return value, 0
-    traj = TRAJECTORY.get()
-    chains = [c for c in traj.content.values() if type(c) is _content.DeltaChain] \
-        if traj is not None and traj.content else []
+    chains: list[_content.DeltaChain] | None = None  # the trajectory's, once a list is met
     count = 0
     out: dict[str, Any] | None = None
     for key, item in fields.items():
         if key == skip:  # the delta-coded prompt (its head, when shown in part)
             continue
-        new = _ref(runtime, options, item, chains)
-        if new is None and type(item) is dict:
+        kind = type(item)
+        if kind is list or kind is tuple:  # (only a list or a tuple is ever replaced)
+            if chains is None:
+                chains = _chains()
+            new = _ref(runtime, options, item, chains)
+            if new is not None:
+                count += 1
+        elif kind is dict:
             inner: dict[str, Any] | None = None
             for name, sub in item.items():
+                if type(sub) is not list and type(sub) is not tuple:
+                    continue
+                if chains is None:
+                    chains = _chains()
                 ref = _ref(runtime, options, sub, chains)
                 if ref is not None:
                     inner = dict(item) if inner is None else inner
                     inner[name] = ref
                     count += 1
             new = inner
-        elif new is not None:
-            count += 1
+        else:
+            continue
         if new is not None:
             out = dict(fields) if out is None else out
             out[key] = new
     if out is None:
         return value, 0
     return _with_model_class(value, out), count
+
+
+def _chains() -> list[_content.DeltaChain]:
+    """The current trajectory's delta chains (what a list may repeat)."""
+    traj = TRAJECTORY.get()
+    return [c for c in traj.content.values() if type(c) is _content.DeltaChain] \
+        if traj is not None and traj.content else []
 
 
 def _with_model_class(value: Any, fields: dict[str, Any]) -> dict[str, Any]:
