@@ -5,9 +5,11 @@ For each size (``--sizes``, trajectories; 12 spans each, bench_ui's generator), 
   OTLP/JSON files), and DuckDB answering the overview question straight from the raw OTLP/JSON
   (``read_json`` + unnest: the floor without compaction);
 - compaction + index: ``compact`` (segments, payload segments, the trajectories cache) and
-  ``Lake.open``; as a ratio to the orjson parse. ``pyarrow.json`` parses with its threads, the
-  rest is one thread (the fsyncs of the segment files wait on the disk in a few threads beside
-  it). With ``--before`` (the default), also compaction with every line through
+  ``Lake.open``; as a ratio to the orjson parse. ``pyarrow.json`` parses with its threads, in
+  a thread beside the building of the rows (each file's next stretch is read ahead), the
+  segment files are encoded and synced in 4 threads, the rest is one thread; the CPU seconds
+  (all threads) are reported beside the wall time. With ``--before`` (the default), also
+  compaction with every line through
   ``store/_fastrows`` (what compaction did before ``store/_arrowrows``), and with ``--codec``
   through the codec's decoder (``iter_spans`` -> ``SpanRecord`` -> ``Columns.add``, before
   ``store/_fastrows``), interleaved in the same run;
