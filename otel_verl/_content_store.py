@@ -82,14 +82,30 @@ def node_line(kind: str, step: Step, scrubbed_delta: Any = None) -> bytes:
 
 def _line(kind: str, content_id: str, length: int, base_id: str | None, base_len: int,
           delta_bytes: bytes, delta: Any) -> bytes:
+    return b"".join(_line_parts(kind, content_id, length, base_id, base_len, delta_bytes, delta))
+
+
+def _line_parts(kind: str, content_id: str, length: int, base_id: str | None, base_len: int,
+                delta_bytes: bytes, delta: Any) -> tuple[bytes | memoryview, ...]:
+    """The pieces of ``_line`` in order; a token node's delta is a view of ``delta_bytes`` (at
+    a long context: a context-long buffer that is not copied to build the line)."""
     head = {"id": content_id, "kind": kind, "len": length, "base": base_id,
             "base_len": base_len}
     text = _dumps_sorted(head)[:-1]
     if kind == KIND_TOKENS:
-        body = b"[" + delta_bytes[:-1] + b"]"
-    else:
-        body = _dumps_sorted(delta)
-    return text + b',"delta":' + body + b"}\n"
+        return text + b',"delta":[', memoryview(delta_bytes)[:-1], b"]}\n"
+    return text + b',"delta":', _dumps_sorted(delta), b"}\n"
+
+
+def _member(parts: tuple[bytes | memoryview, ...]) -> bytes:
+    """One gzip member of the bytes of ``parts`` joined, compressed piece by piece: the line is
+    never built whole (each ``compress`` runs without the GIL; the copies that building a
+    128k-token node's line made held it for ~1 ms on the store's thread, while the rollout's
+    loop waited for it in the turn-1 burst)."""
+    packer = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, 31)
+    out = [packer.compress(part) for part in parts]
+    out.append(packer.flush())
+    return b"".join(out)
 
 
 def _member_at(view: memoryview, pos: int) -> tuple[int, bytes] | None:
@@ -408,8 +424,8 @@ class ContentStore:
             if hits:
                 with self._lock:
                     self.counts["content_redacted"] += hits
-        line = _line(kind, content_id, length, base_id, base_len, delta_bytes, delta)
-        member = zlib.compress(line, COMPRESS_LEVEL, wbits=31)  # one gzip member (GIL released)
+        member = _member(_line_parts(kind, content_id, length, base_id, base_len, delta_bytes,
+                                     delta))
         if self._file is None:
             os.makedirs(self.directory, exist_ok=True)
             self._file = open(self.path, "ab")  # noqa: SIM115 - held open, closed in close()
