@@ -293,13 +293,18 @@ def _fast_json(text: Any) -> Any:
 
 
 def _maybe_rounded(value: Any) -> bool:
-    """Whether ``value`` holds a float orjson may have made of a > 64-bit integer."""
-    if value.__class__ is float:
-        return not -_ROUNDED < value < _ROUNDED
-    if isinstance(value, list):
-        return any(_maybe_rounded(v) for v in value)
-    if isinstance(value, dict):
-        return any(_maybe_rounded(v) for v in value.values())
+    """Whether ``value`` holds a float orjson may have made of a > 64-bit integer (a walk
+    without recursion: a value nested as deep as the decoders read must not raise here)."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if item.__class__ is float:
+            if not -_ROUNDED < item < _ROUNDED:
+                return True
+        elif isinstance(item, list):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
     return False
 
 

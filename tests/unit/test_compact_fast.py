@@ -494,7 +494,7 @@ def test_payload_texts_are_the_stdlib_decoders(tmp_path: Path) -> None:
     of their magnitude, nesting past orjson's guard: the viewer's text is the stdlib decoder's, on the columnar path (bodies) and the
     per-line one."""
     contents = [str(v) for v in _HUGE] + [f'{{"n": [{v}]}}' for v in _HUGE] + [
-        "NaN", "1e19", '"plain"', "[" * 300 + "]" * 300]
+        "NaN", "1e19", '"plain"', "[" * 300 + "]" * 300, "[" * 800 + "]" * 800]
     columnar = tmp_path / "otel_verl-bodies.jsonl"
     columnar.write_bytes(b"".join(_payload_line(i, c) + b"\n" for i, c in enumerate(contents)))
     per_line = tmp_path / "otel_verl-attributes.jsonl"

@@ -104,12 +104,14 @@ def test_what_orjson_refuses_is_the_stdlib_decoders() -> None:
 
 
 def test_deep_nesting_is_the_stdlib_decoders() -> None:
-    """orjson reads 1,024 levels; the stdlib fewer (None where it cannot)."""
-    for depth in (10, 500, 1000, 1023, 1030, 5000):
+    """orjson reads 1,024 levels; the stdlib fewer (None where it cannot); a value the stdlib
+    reads prints as it did (no recursion error of our own on the way)."""
+    for depth in (10, 500, 600, 700, 800, 900, 1000, 1023, 1030, 5000):
         text = "[" * depth + "]" * depth
         assert _fast_json(text) == _json_or_none(text)
-        span = _content_span(text)
-        assert fast(span) == _stdlib(span)
+        for content in (text, f'[{{"type": "text", "text": {text}}}]', f'{{"a": {text}}}'):
+            span = _content_span(content)
+            assert fast(span) == _stdlib(span)
 
 
 @settings(max_examples=300, deadline=None)
