@@ -37,6 +37,7 @@ Usage (what ``otel_verl._capture`` does per LLM call)::
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -359,6 +360,16 @@ class DeltaChain:
         #: the last whole prompt, while its id is computed off the thread (``PendingStep``)
         self._pending: PendingStep | None = None
 
+    def __del__(self) -> None:
+        # the chain's copy goes back to the spares, unless a step not yet computed encodes it
+        # (``PendingStep.source``: it lets go of it, for an empty list, once computed)
+        try:
+            pending = self._pending
+            if pending is None or pending.source is not self._items:
+                _recycle(self._items)
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing to keep
+            pass
+
     @property
     def kind(self) -> str:
         return self._kind
@@ -456,6 +467,7 @@ class DeltaChain:
                 self._mark_ids.pop()
         else:
             self._items = _own_copy(new)
+            _recycle(held)  # settled above: no pending step encodes it
             self._marks = []
             self._mark_ids = []
         if not self._marks or self._marks[-1] != step.length:
@@ -477,8 +489,10 @@ class DeltaChain:
         else:  # messages: the node is written from its delta, so it is a copy (the caller's
             head = b""  # list may grow in place before the store's thread writes it)
             delta = list(new)
+        old = self._items
         self._items = _own_copy(new)  # the chain's copy: the step encodes it (the caller's may
         # change)
+        _recycle(old)  # settled in begin: no pending step encodes it
         step = PendingStep(self._kind, self._items, len(new), delta, head)
         self._marks, self._mark_ids = [step.length], [""]
         self._prompt_len = self._full_len = step.length
@@ -553,12 +567,37 @@ def _ends_match(items: list[Any], new: list[Any], n: int) -> bool:
 #: in without the list growing (a grown list is a copy of the whole context)
 _ROOM = [0] * 4096
 
+#: emptied lists of chains that are gone, taken again for the next chains' copies
+#: (``_own_copy``). A list that has lived through collections sits in the cyclic GC's oldest
+#: generation, which only a full collection scans; a fresh context-long copy is scanned by the
+#: next young collection and again by the next middle one (at 128k tokens and 64 trajectories
+#: in flight, ~1.2 ms of GC per trajectory: bench/bench_content_gc.py). Emptied, a spare
+#: costs only the list object itself; at most ``_SPARE_MAX`` are kept.
+#: The oldest spare is taken first: a list that held a copy for a while (not a chain's first,
+#: empty one) has most likely been promoted already.
+_SPARE: collections.deque[list[Any]] = collections.deque()
+_SPARE_MAX = 4096
+
+
+def _recycle(items: list[Any]) -> None:
+    """Empty ``items`` (nobody else holds it) and keep it for a later chain's copy, if it held
+    one (a chain's first, empty list is as young as the chain)."""
+    if items and len(_SPARE) < _SPARE_MAX:
+        items.clear()
+        _SPARE.append(items)  # append/popleft: atomic under the GIL, any thread
+
 
 def _own_copy(items: list[Any]) -> list[Any]:
-    """A copy of ``items`` (the chain's own) with room for ``len(_ROOM)`` more items: one
-    allocation and one C-level pass, as ``list(items)``, and no regrowth (a reallocation and
-    copy of the whole context) when the next turns extend it."""
-    copy = items + _ROOM
+    """A copy of ``items`` (the chain's own) with room for ``len(_ROOM)`` more items, in a list
+    a gone chain left (an old object for the GC, see ``_SPARE``) where there is one: one C-level
+    pass, as ``list(items)``, and no regrowth (a reallocation and copy of the whole context)
+    when the next turns extend it."""
+    try:
+        copy = _SPARE.popleft()
+    except IndexError:
+        copy = []
+    copy.extend(items)
+    copy.extend(_ROOM)  # within extend's over-allocation (1/8) from 32k items on: no copy
     del copy[len(items):]  # a list keeps its allocation when shrunk by less than half
     return copy
 
