@@ -95,6 +95,18 @@ IDLE_S = 600.0
 #: whole stretches of lines go through pyarrow.json and Arrow compute (store/_arrowrows) when
 #: they hold only what the writers produce; False: every line through store/_fastrows
 ARROW_ROWS = True
+#: the span columns the trajectories cache is built from: compaction keeps them of each chunk it
+#: writes (zero-copy views of its columns) and builds the cache from them, not from the segments
+#: read back (store/_query.write_trajectory_cache)
+CACHE_COLUMNS = ("TraceId", "SpanId", "ParentSpanId", "SpanName", "Timestamp", "Duration",
+                 "StatusCode", "experiment", "project", "step", "sample_index", "rollout_n",
+                 "validate", "is_trajectory", "is_report", "is_llm", "is_tool", "tool_error",
+                 "reward", "eval_score", "eval_label", "turns", "tokens_in", "tokens_out",
+                 "termination", "sampling_reason", "sampling_weight", "error_text",
+                 "finish_reason", "policy_version", "report_counts", "source", "text_prompt",
+                 "text_response", "text_tool")
+#: at most this many bytes of them are held; past it the cache reads the segments back
+CACHE_KEEP_BYTES = 512 << 20
 _NAME = re.compile(r"otel_verl-(?P<host>.+)-(?P<pid>\d+)-\d{8}T\d{9}Z(?:-\d+)?\.jsonl$")
 
 
@@ -439,6 +451,8 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
         _retire_old_layout(lake)
         manifest = Manifest.load(lake)
         _remove_orphans(lake, manifest)
+        before = (manifest.runs, len(manifest.segments), list(manifest.excluded))
+        kept: list[pa.Table] | None = []  # this run's rows for the cache (None: too many)
         trace_part: dict[str, tuple[Any, Any]] = {}
         work: list[tuple[str, str, int, int, int]] = []  # rel, path, start, stop, gen
         now = time.time()
@@ -467,9 +481,10 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
         chunk = 0
 
         def commit() -> None:
-            nonlocal columns, chunk
+            nonlocal columns, chunk, kept
             with no_gc():
-                written = _write_chunk(lake, columns, f"{run}-{chunk}", trace_part)
+                spans = columns.table()
+                written = _write_chunk(lake, columns, f"{run}-{chunk}", trace_part, spans)
             if _after_rename is not None:
                 _after_rename()
             manifest.segments.extend(written[0])
@@ -484,6 +499,11 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
             manifest.save(lake)
             stats.segments += len(written[0])
             stats.spans += len(columns)
+            if kept is not None:
+                kept.append(spans.select(CACHE_COLUMNS))
+                if sum(t.nbytes for t in kept) > CACHE_KEEP_BYTES:
+                    kept = None
+            del spans
             pending.clear()
             columns = Columns()
             chunk += 1
@@ -535,7 +555,9 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
         if stats.spans or not os.path.exists(_cache_of(lake, manifest.runs)):
             from otel_verl.store._query import write_trajectory_cache
 
-            write_trajectory_cache(lake, manifest)
+            fresh = (pa.concat_tables(kept) if kept and stats.spans else None)
+            kept = None
+            write_trajectory_cache(lake, manifest, fresh, before if fresh is not None else None)
     stats.seconds = time.perf_counter() - began
     return stats
 
@@ -560,13 +582,13 @@ def _next_line(path: str, start: int, stop: int) -> int | None:
 
 
 def _write_chunk(lake: str, columns: Columns, name: str,
-                 trace_part: dict[str, tuple[Any, Any]] | None = None
-                 ) -> tuple[list[str], list[str]]:
+                 trace_part: dict[str, tuple[Any, Any]] | None = None,
+                 spans: pa.Table | None = None) -> tuple[list[str], list[str]]:
     """Write one chunk's segments (one file per partition) and rename them into place.
 
     A span without experiment and step (an engine's) goes to its trace's partition when
     ``trace_part`` knows it (``{trace id: (experiment, step)}``, filled here as well), so a
-    trajectory's spans sit together."""
+    trajectory's spans sit together. ``spans``: ``columns.table()`` when the caller has it."""
     out: tuple[list[str], list[str]] = ([], [])
     if not len(columns):
         return out
@@ -578,7 +600,7 @@ def _write_chunk(lake: str, columns: Columns, name: str,
     # the same
     syncs = _Syncs()
     writers = _Syncs(WRITE_THREADS)
-    spans = columns.table()
+    spans = columns.table() if spans is None else spans
     _learn_partitions(spans, trace_part)
     for kind, table, keep in (("spans", spans, out[0]),
                               ("payload", columns.payload_table(), out[1])):

@@ -367,50 +367,109 @@ def create_views(con: duckdb.DuckDBPyConnection, segments: list[str], payloads: 
         con.execute("CREATE OR REPLACE VIEW payloads AS SELECT * FROM raw_payload_arrow")
 
 
-def write_trajectory_cache(lake: str, manifest: Manifest) -> str | None:
+def _cache_complete(lake: str, runs: int) -> bool:
+    """Whether run ``runs`` left its whole cache (the files :meth:`Lake.refresh` reads)."""
+    return (os.path.exists(cache_path(lake, runs)) and _has_texts(texts_path(lake, runs))
+            and os.path.exists(reports_path(lake, runs))
+            and os.path.exists(steps_path(lake, runs)))
+
+
+_REPORT_COLUMNS = "TraceId, SpanId, experiment, validate, step, report_counts"
+
+
+def write_trajectory_cache(lake: str, manifest: Manifest, new_spans: pa.Table | None = None,
+                           before: tuple[int, int, list[str]] | None = None) -> str | None:
     """Compaction's last step: the segments' ``trajectories`` rows, for readers to start from
-    (a reader rebuilds the traces its raw lines touch). Written under a temp name, renamed."""
+    (a reader rebuilds the traces its raw lines touch). Written under a temp name, renamed.
+
+    ``new_spans`` and ``before`` (compaction's path): the span rows this run added (their
+    :data:`~otel_verl.store._compact.CACHE_COLUMNS`, held in memory: the segments after the
+    first ``before[1]`` of ``manifest.segments``) and ``(manifest runs, segments, excluded)``
+    when the run began. The rows are then built from them and the earlier segments, not read
+    back from the new segments; with run ``before[0]``'s whole cache there and the same
+    exclusions, that cache's rows are kept for the traces this run did not touch and only the
+    touched traces are built again, from all their spans. The same rows either way."""
     segments = [os.path.join(lake, s) for s in manifest.segments]
     if not segments:
         return None
+    excluded = set(manifest.excluded)
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET enable_progress_bar = false")
         con.register("raw_spans_arrow", Columns().table())
         con.register("raw_payload_arrow", Columns().payload_table())
-        create_views(con, segments, [], set(manifest.excluded))
+        texts = ", ".join(TEXT_COLUMNS)
+        if new_spans is None or before is None:
+            create_views(con, segments, [], excluded)
+            rows_sql = trajectories_sql("segment_spans", texts=True)
+            reports_sql = (f"SELECT DISTINCT ON (TraceId, SpanId) {_REPORT_COLUMNS} FROM "
+                           "segment_spans WHERE is_report")
+        else:
+            runs0, old_count, excluded0 = before
+            old = segments[:old_count]
+            create_views(con, old, [], excluded)
+            con.register("new_spans", new_spans)
+            names = ", ".join(f'"{n}"' for n in new_spans.schema.names)
+            where = (f" WHERE source NOT IN ({', '.join(_q(s) for s in sorted(excluded))})"
+                     if excluded else "")
+            fresh = f"SELECT {names} FROM new_spans{where}"
+            reuse = bool(old) and set(excluded0) == excluded and _cache_complete(lake, runs0)
+            if reuse:
+                cache0 = _q(cache_path(lake, runs0))
+                texts0 = _q(texts_path(lake, runs0))
+                kept = (f"(SELECT * FROM read_parquet({cache0}, hive_partitioning = false) "
+                        f"POSITIONAL JOIN read_parquet({texts0}, hive_partitioning = false))")
+                expected = [d[0] for d in con.execute(
+                    f"SELECT * FROM ({trajectories_sql('segment_spans', texts=True)}) "
+                    "LIMIT 0").description or ()]
+                reuse = [d[0] for d in con.execute(
+                    f"SELECT * FROM {kept} LIMIT 0").description or ()] == expected
+            if reuse:
+                # the old cache's rows for the traces this run did not touch; the touched
+                # ones from all their spans (the earlier segments' and this run's)
+                con.execute("CREATE TEMP TABLE touched AS SELECT DISTINCT TraceId FROM new_spans")
+                con.execute(f"CREATE TEMP VIEW cache_source AS {fresh} UNION ALL SELECT {names} "
+                            "FROM segment_spans WHERE TraceId IN (SELECT TraceId FROM touched)")
+                rows_sql = (f"SELECT * FROM {kept} WHERE trace_id NOT IN (SELECT TraceId FROM "
+                            "touched) UNION ALL SELECT * FROM "
+                            f"({trajectories_sql('cache_source', texts=True)})")
+                reports0 = _q(reports_path(lake, runs0))
+                reports_sql = (f"SELECT DISTINCT ON (TraceId, SpanId) * FROM (SELECT * FROM "
+                               f"read_parquet({reports0}, hive_partitioning = false) UNION ALL "
+                               f"SELECT {_REPORT_COLUMNS} FROM new_spans WHERE is_report"
+                               f"{where.replace(' WHERE', ' AND')})")
+            else:
+                con.execute(f"CREATE TEMP VIEW cache_source AS {fresh}" + (
+                    f" UNION ALL SELECT {names} FROM segment_spans" if old else ""))
+                rows_sql = trajectories_sql("cache_source", texts=True)
+                reports_sql = (f"SELECT DISTINCT ON (TraceId, SpanId) {_REPORT_COLUMNS} FROM "
+                               "cache_source WHERE is_report")
         final = cache_path(lake, manifest.runs)
         os.makedirs(os.path.dirname(final), exist_ok=True)
         tmp = os.path.join(lake, "tmp", f"cache-{os.getpid()}-{manifest.runs}.parquet")
-        # the rows with the viewer's text once, then split in two files of the same row order:
-        # the cache keeps exactly the trajectories columns (what any reader of this layout
-        # unions with its own rows), the text goes beside it (read by position)
-        tmp_full = tmp.replace("cache-", "full-")
-        con.execute(f"COPY ({trajectories_sql('segment_spans', texts=True)} ORDER BY experiment, "
-                    f"validate, step, start_ns, trace_id) TO {_q(tmp_full)} "
+        # the rows with the viewer's text once (a table, in the cache's order), then two
+        # files of the same row order: the cache keeps exactly the trajectories columns (what
+        # any reader of this layout unions with its own rows), the text goes beside it (read
+        # by position)
+        con.execute(f"CREATE TEMP TABLE cache_rows AS SELECT * FROM ({rows_sql}) ORDER BY "
+                    "experiment, validate, step, start_ns, trace_id")
+        con.execute(f"COPY (SELECT * EXCLUDE ({texts}) FROM cache_rows) TO {_q(tmp)} "
                     "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
-        texts = ", ".join(TEXT_COLUMNS)
-        con.execute(f"COPY (SELECT * EXCLUDE ({texts}) FROM read_parquet({_q(tmp_full)})) TO "
-                    f"{_q(tmp)} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
         final_texts = texts_path(lake, manifest.runs)
         tmp_texts = tmp.replace("cache-", "texts-")
-        con.execute(f"COPY (SELECT {texts} FROM read_parquet({_q(tmp_full)})) TO {_q(tmp_texts)} "
+        con.execute(f"COPY (SELECT {texts} FROM cache_rows) TO {_q(tmp_texts)} "
                     "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 8192)")
-        os.remove(tmp_full)
         final_reports = reports_path(lake, manifest.runs)
         tmp_reports = tmp.replace("cache-", "reports-")
-        con.execute("COPY (SELECT DISTINCT ON (TraceId, SpanId) TraceId, SpanId, experiment, "
-                    "validate, step, report_counts FROM segment_spans WHERE is_report) "
-                    f"TO {_q(tmp_reports)} (FORMAT parquet)")
+        con.execute(f"COPY ({reports_sql}) TO {_q(tmp_reports)} (FORMAT parquet)")
         final_traces = traces_path(lake, manifest.runs)
         tmp_traces = tmp.replace("cache-", "traces-")
-        con.execute(f"COPY (SELECT trace_id, experiment, step FROM read_parquet({_q(tmp)}) "
-                    f"ORDER BY trace_id) TO {_q(tmp_traces)} (FORMAT parquet, "
-                    "ROW_GROUP_SIZE 4096)")
+        con.execute("COPY (SELECT trace_id, experiment, step FROM cache_rows ORDER BY trace_id) "
+                    f"TO {_q(tmp_traces)} (FORMAT parquet, ROW_GROUP_SIZE 4096)")
         final_steps = steps_path(lake, manifest.runs)
         tmp_steps = tmp.replace("cache-", "steps-")
-        con.execute("COPY (" + steps_sql(f"read_parquet({_q(tmp)})") + f") TO {_q(tmp_steps)} "
-                    "(FORMAT parquet)")
+        con.execute("COPY (" + steps_sql(f"(SELECT * EXCLUDE ({texts}) FROM cache_rows)")
+                    + f") TO {_q(tmp_steps)} (FORMAT parquet)")
     finally:
         con.close()
     for path in (tmp, tmp_reports, tmp_steps, tmp_traces, tmp_texts):
