@@ -2,10 +2,20 @@
 fails the run (a tier that silently skips is not a passing tier)."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from otel_verl import RolloutTraceConfig
+
+#: tests/ itself: its shared helpers (`_modules`, `_lake_store`, `_hostile_spans`, `_servers`) are
+#: plain imports in every tier (`--import-mode=importlib` puts no test folder on sys.path). It goes
+#: last: its tier folders have no `__init__.py`, and there a namespace package only answers for a
+#: name (`verl`, `weave`, `phoenix`) that nothing before it on the path has
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
 
 #: set by noxfile.py for every tier
 NO_SKIPS = "OTEL_VERL_NO_SKIPS"

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import random
@@ -23,16 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _lake_store import write_store
+
 from otel_verl.store import read_spans
 from otel_verl.store._compact import Manifest, compact, lake_dir
 from otel_verl.store._query import Lake
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("_lake_store", ROOT / "tests" / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-_store = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_store)
-write_store = _store.write_store
+
 
 _COMPACT = """
 import os, signal, sys

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from _modules import load_file
 from hypothesis import given
 from hypothesis import strategies as st
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "_cpus.py"
-_spec = importlib.util.spec_from_file_location("bench_cpus", _PATH)
-assert _spec is not None and _spec.loader is not None
-cpus = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = cpus
-_spec.loader.exec_module(cpus)
+cpus = load_file(_PATH, "bench_cpus")
 
 
 @pytest.mark.parametrize(("text", "want"), [

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from _modules import load_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "_paired.py"
-_spec = importlib.util.spec_from_file_location("bench_paired", _PATH)
-assert _spec is not None and _spec.loader is not None
-paired = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = paired  # dataclasses look their module up there
-_spec.loader.exec_module(paired)
+paired = load_file(_PATH, "bench_paired")
 
 
 @pytest.mark.parametrize(("n", "k"), [(6, 1), (8, 1), (9, 2), (12, 3), (16, 4), (18, 5),

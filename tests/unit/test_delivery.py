@@ -4,7 +4,6 @@ exporter saying which call its server refused for good."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _modules import load_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -24,17 +24,8 @@ from otel_verl.exporters._delivery import Delivery, DetailedExporter, deliver
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "exporters" / "weave" / "src"))
 from otel_weave_exporter import WeaveSpanExporter  # noqa: E402
 
-
-def _load_recorder() -> Any:
-    path = Path(__file__).resolve().parents[1] / "weave" / "_recorder.py"
-    spec = importlib.util.spec_from_file_location("_weave_recorder", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Recorder
-
-
-Recorder = _load_recorder()
+Recorder = load_file(Path(__file__).resolve().parents[1] / "weave" / "_recorder.py",
+                     "_weave_recorder").Recorder
 
 
 def _spans(names: Sequence[str]) -> list[ReadableSpan]:

@@ -3,20 +3,17 @@ model says; the background compactor compacts what a writer leaves."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 from pathlib import Path
+
+import _lake_store as S
 
 from otel_verl.store import group_trajectories, read_spans
 from otel_verl.store._compact import BackgroundCompactor, Manifest, lake_dir
 from otel_verl.store._query import Lake
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("_lake_store", ROOT / "tests" / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 
 def _questions() -> list[str]:

@@ -4,9 +4,10 @@ exporter from reading what otel_verl writes."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
+
+from _modules import load_file
 
 from otel_verl import _env, semconv
 
@@ -25,11 +26,7 @@ OURS = ("rollout.", "otel_verl.", "gen_ai.", "input.", "output.", "openinference
 
 def _conventions() -> ModuleType:
     """The exporter's module, loaded from its file (installed or not)."""
-    spec = importlib.util.spec_from_file_location("_weave_conventions_under_test", CONVENTIONS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(CONVENTIONS, "_weave_conventions_under_test")
 
 
 def _constants(module: ModuleType) -> dict[str, object]:
