@@ -692,12 +692,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     **{name: ("_query", name) for name in ("Lake", "LakeState")},
     **{name: ("_compact", name) for name in ("Manifest", "compact", "main_progress",
                                              "pending_bytes")},
-    **{name: ("_index", name) for name in ("IndexStats", "StoreIndex", "answer_text",
-                                           "default_index_path", "first_error",
-                                           "prompt_and_response", "reward_label")},
-    **{name: ("_record", name) for name in ("is_llm_span", "is_tool_error", "is_tool_span")},
-    "decode_quietly": ("_index", "_quiet_decode"),
-    "json_or_none": ("_index", "_json_or_none"),
+    **{name: ("_index", name) for name in ("IndexStats", "StoreIndex", "default_index_path")},
+    **{name: ("_record", name) for name in ("answer_text", "decode_quietly", "first_error",
+                                            "is_llm_span", "is_tool_error", "is_tool_span",
+                                            "json_or_none", "prompt_and_response",
+                                            "reward_label")},
     **{name: ("_filters", name) for name in ("DUCKDB", "SQLITE", "TRAJECTORY_COLUMNS",
                                              "BadRequest", "clean_text", "filter_clauses",
                                              "page_window", "sort_column")},
@@ -725,22 +724,22 @@ if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads th
     from otel_verl.store._filters import sort_column as sort_column
     from otel_verl.store._index import IndexStats as IndexStats
     from otel_verl.store._index import StoreIndex as StoreIndex
-    from otel_verl.store._index import _json_or_none as json_or_none  # noqa: F401
-    from otel_verl.store._index import _quiet_decode as decode_quietly  # noqa: F401
-    from otel_verl.store._index import answer_text as answer_text
     from otel_verl.store._index import default_index_path as default_index_path
-    from otel_verl.store._index import first_error as first_error
-    from otel_verl.store._index import prompt_and_response as prompt_and_response
-    from otel_verl.store._index import reward_label as reward_label
     from otel_verl.store._lines import LineCache as LineCache
     from otel_verl.store._lines import line_at as line_at
     from otel_verl.store._live import live_board as live_board
     from otel_verl.store._live import live_workers as live_workers
     from otel_verl.store._query import Lake as Lake
     from otel_verl.store._query import LakeState as LakeState
+    from otel_verl.store._record import answer_text as answer_text
+    from otel_verl.store._record import decode_quietly as decode_quietly
+    from otel_verl.store._record import first_error as first_error
     from otel_verl.store._record import is_llm_span as is_llm_span
     from otel_verl.store._record import is_tool_error as is_tool_error
     from otel_verl.store._record import is_tool_span as is_tool_span
+    from otel_verl.store._record import json_or_none as json_or_none
+    from otel_verl.store._record import prompt_and_response as prompt_and_response
+    from otel_verl.store._record import reward_label as reward_label
 
 
 def __getattr__(name: str) -> Any:

@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -42,8 +41,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-import orjson
-
 from otel_verl import semconv
 from otel_verl.store import (
     Trajectory,
@@ -51,7 +48,6 @@ from otel_verl.store import (
     group_trajectories,
     list_files,
     sampling_reports,
-    spans_from_otlp_json,
 )
 from otel_verl.store._filters import INT64_MAX as _INT64_MAX
 from otel_verl.store._filters import INT64_MIN as _INT64_MIN
@@ -65,14 +61,17 @@ from otel_verl.store._filters import (
 )
 from otel_verl.store._filters import clean_text as _clean
 from otel_verl.store._lines import LineCache, line_at
+from otel_verl.store._record import decode_quietly as _quiet_decode
 from otel_verl.store._record import (
-    first_exception_text,
-    first_label,
+    first_error,
     is_llm_span,
     is_sampling_report,
     is_tool_error,
     is_tool_span,
+    prompt_and_response,
+    reward_label,
 )
+from otel_verl.store._record import snippet as _snippet
 
 __all__ = ["TRAJECTORY_COLUMNS", "BadRequest", "IndexStats", "StoreIndex", "default_index_path"]
 
@@ -240,188 +239,6 @@ def _text(value: Any, limit: int = 500) -> str | None:
     return None if value is None else _clean(_snippet(value, limit))
 
 
-def _snippet(text: Any, limit: int = _SNIPPET) -> str:
-    if text is None:
-        return ""
-    if not isinstance(text, str):
-        try:
-            text = json.dumps(text, ensure_ascii=False, default=str)
-        except (RecursionError, ValueError):  # nested too deeply, an integer too long
-            text = f"<{type(text).__name__} not shown>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _json_or_none(text: Any) -> Any:
-    """A payload's JSON value, None when it is not JSON (or nested past the parser's limit)."""
-    if not isinstance(text, str):
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-
-
-#: brackets in a text past which :func:`_fast_json` leaves it to the stdlib: orjson reads 1,024
-#: levels of nesting, the stdlib fewer (its recursion limit less the caller's depth), so a
-#: text that may nest deeper gets the stdlib's answer (None when it cannot)
-_FAST_BRACKETS = 512
-#: the magnitude from which orjson's float may be an integer beyond 64 bits it rounded
-_ROUNDED = float(2**63)
-
-
-class _Inexact(Exception):  # noqa: N818 - a signal, not an error
-    """A fast-decoded value's text would differ from the stdlib's: decode again with it."""
-
-
-def _fast_json(text: Any) -> Any:
-    """:func:`_json_or_none` through orjson first (3-4x faster on payloads), the stdlib for
-    what orjson refuses (NaN, an infinite number, lone surrogates, a BOM) and for texts that
-    may nest deeper than the stdlib reads.
-
-    The value equals the stdlib's but for one thing: an integer beyond 64 bits comes back as a
-    float (orjson's reading) of magnitude >= 2**63. Its readers print leaves only through
-    :func:`_exact_text`, which raises :class:`_Inexact` on such a float, and
-    :func:`prompt_and_response` then decodes with the stdlib."""
-    if not isinstance(text, str):
-        return None
-    if text.count("[") + text.count("{") > _FAST_BRACKETS:
-        return _json_or_none(text)
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return _json_or_none(text)
-
-
-def _maybe_rounded(value: Any) -> bool:
-    """Whether ``value`` holds a float orjson may have made of a > 64-bit integer (a walk
-    without recursion: a value nested as deep as the decoders read must not raise here)."""
-    todo = [value]
-    while todo:
-        item = todo.pop()
-        if item.__class__ is float:
-            if not -_ROUNDED < item < _ROUNDED:
-                return True
-        elif isinstance(item, list):
-            todo.extend(item)
-        elif isinstance(item, dict):
-            todo.extend(item.values())
-    return False
-
-
-def _exact_text(value: Any) -> str:
-    """``str(value)`` of a :func:`_fast_json` leaf; :class:`_Inexact` where the stdlib's value
-    could print otherwise."""
-    if value.__class__ is str:
-        return value
-    if _maybe_rounded(value):
-        raise _Inexact
-    return str(value)
-
-
-def _message_text(message: Any, text: Callable[[Any], str] = str) -> str:
-    if not isinstance(message, dict):
-        return ""
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content parts
-        content = " ".join(text(p.get("text", "")) for p in content if isinstance(p, dict))
-    return "" if content is None else text(content)
-
-
-#: the special tokens a decoded answer ends with (ChatML's ``<|im_end|>``, Llama 3's
-#: ``<|eot_id|>``, ``<|endoftext|>``, ``</s>``, Gemma's ``<end_of_turn>``), one or several, with
-#: the white space after them
-_TRAILING_SPECIAL = re.compile(
-    r"(?:<\|[A-Za-z0-9_.:-]{1,40}\|>|</s>|<eos>|<end_of_turn>)"
-    r"(?:\s*(?:<\|[A-Za-z0-9_.:-]{1,40}\|>|</s>|<eos>|<end_of_turn>))*\s*\Z")
-
-
-def answer_text(text: str) -> str:
-    """A decoded answer as the conversation shows it: without the special tokens it ends with.
-
-    ``token2text`` decodes every token (``skip_special_tokens=False``, so the trace shows what the
-    model produced), and its ``response_text`` ends with the end-of-turn token; the agent loop's
-    messages (the trajectory page's conversation) were decoded without them. The trajectory
-    table, the prompt-through-training page and the search text take the answer through here, as
-    the conversation does, so they show the same words. Tokens inside the text are kept.
-    """
-    if not text.rstrip().endswith(">"):
-        return text
-    return _TRAILING_SPECIAL.sub("", text)
-
-
-def prompt_and_response(span: dict[str, Any]) -> tuple[str | None, str | None]:
-    """The user prompt and final answer a span's payloads show, when they show one.
-
-    Inputs with verl's row keys (``raw_prompt``) or a ``messages`` list give the prompt; outputs
-    with verl's ``extra_fields.messages`` (the whole conversation), token2text's
-    ``response_text``, or GenAI ``gen_ai.input/output.messages`` give the answer.
-
-    The payloads are decoded by orjson (:func:`_fast_json`); the answer is the stdlib decoder's
-    (a value whose text could differ is decoded again by it).
-    """
-    try:
-        return _prompt_and_response(span, _fast_json, _exact_text)
-    except _Inexact:
-        return _prompt_and_response(span, _json_or_none, str)
-
-
-def _prompt_and_response(span: dict[str, Any], loads: Callable[[Any], Any],
-                         text: Callable[[Any], str]) -> tuple[str | None, str | None]:
-    attributes = span["attributes"]
-    prompt = response = None
-    raw_in = attributes.get(semconv.INPUT_VALUE)
-    if isinstance(raw_in, str) and ('"raw_prompt"' in raw_in or '"messages"' in raw_in
-                                    or '"prompt"' in raw_in):
-        value = loads(raw_in)
-        if isinstance(value, dict):
-            inner = value.get("kwargs")
-            kwargs: dict[str, Any] = inner if isinstance(inner, dict) else value
-            messages = kwargs.get("raw_prompt") or kwargs.get("messages")
-            if isinstance(messages, list):
-                users = [_message_text(m, text) for m in messages
-                         if isinstance(m, dict) and m.get("role") == "user"]
-                if users:
-                    prompt = users[-1]
-            elif isinstance(kwargs.get("prompt"), str):
-                prompt = kwargs["prompt"]
-    raw_out = attributes.get(semconv.OUTPUT_VALUE)
-    if isinstance(raw_out, str) and ('"messages"' in raw_out or '"response_text"' in raw_out):
-        value = loads(raw_out)
-        if isinstance(value, dict):
-            messages = (value.get("extra_fields") or {}).get("messages") if isinstance(
-                value.get("extra_fields"), dict) else value.get("messages")
-            if isinstance(messages, list):
-                answers = [_message_text(m, text) for m in messages
-                           if isinstance(m, dict) and m.get("role") == "assistant"]
-                if answers:
-                    response = answers[-1]
-            if response is None and isinstance(value.get("response_text"), str):
-                response = answer_text(value["response_text"])
-    for key, is_input in ((semconv.GEN_AI_INPUT_MESSAGES, True),
-                          (semconv.GEN_AI_OUTPUT_MESSAGES, False)):
-        raw = attributes.get(key)
-        if raw is None or (prompt if is_input else response) is not None:
-            continue
-        messages = loads(raw) if isinstance(raw, str) else raw
-        if isinstance(messages, list):
-            role = "user" if is_input else "assistant"
-            texts = [_message_text(m, text) or _parts_text(m, text) for m in messages
-                     if isinstance(m, dict) and m.get("role") == role]
-            if texts:
-                if is_input:
-                    prompt = texts[-1]
-                else:
-                    response = texts[-1]
-    return prompt, response
-
-
-def _parts_text(message: dict[str, Any], text: Callable[[Any], str] = str) -> str:
-    parts = message.get("parts")
-    if isinstance(parts, list):
-        return " ".join(text(p.get("content", "")) for p in parts if isinstance(p, dict))
-    return ""
-
-
 def _compact(span: dict[str, Any]) -> tuple[Any, ...]:
     """A span reduced to the index's row (see ``spans`` in the schema)."""
     attributes = span["attributes"]
@@ -490,17 +307,6 @@ def _span_of_row(row: tuple[Any, ...]) -> dict[str, Any]:
 
 def _int(value: Any) -> int | None:
     return _sql_int(value)
-
-
-def reward_label(trajectory: Trajectory) -> str | None:
-    """The trajectory's reward label (:func:`otel_verl.store._record.first_label`)."""
-    return first_label(trajectory.spans)
-
-
-def first_error(trajectory: Trajectory) -> str | None:
-    """The first error's message: an exception event, else an error status
-    (:func:`otel_verl.store._record.first_exception_text`)."""
-    return first_exception_text(trajectory.spans)
 
 
 def _row_of_trajectory(t: Trajectory) -> tuple[Any, ...]:
@@ -1228,32 +1034,6 @@ def _decode_line(raw: bytes) -> tuple[list[dict[str, Any]], int, str | None]:
         return [], 0, "no resourceSpans list"
     spans = _quiet_decode(request)
     return spans, max(_raw_span_count(resource_spans) - len(spans), 0), None
-
-
-class _QuietDecode(logging.Filter):
-    """Drops the decoder's per-request "bad span(s)" warning in threads that count bad spans
-    themselves (the index reports them per file); other threads' warnings pass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.threads: set[int] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return threading.get_ident() not in self.threads or "bad span" not in str(record.msg)
-
-
-_QUIET = _QuietDecode()
-for _name in ("otel_verl", "otel_verl.store"):  # the decoder's logger (it moved once)
-    logging.getLogger(_name).addFilter(_QUIET)
-
-
-def _quiet_decode(request: dict[str, Any]) -> list[dict[str, Any]]:
-    me = threading.get_ident()
-    _QUIET.threads.add(me)
-    try:
-        return spans_from_otlp_json(request)
-    finally:
-        _QUIET.threads.discard(me)
 
 
 def _raw_span_count(resource_spans: list[Any]) -> int:

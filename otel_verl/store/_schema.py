@@ -42,8 +42,9 @@ import pyarrow as pa
 
 from otel_verl import semconv
 from otel_verl.store import _record
-from otel_verl.store._index import _clean, _snippet, prompt_and_response
-from otel_verl.store._record import SpanRecord
+from otel_verl.store._filters import clean_text as _clean
+from otel_verl.store._record import SpanRecord, prompt_and_response
+from otel_verl.store._record import snippet as _snippet
 
 __all__ = ["PAYLOAD_SCHEMA", "SPAN_SCHEMA", "TEXT_MAX", "Columns", "span_texts"]
 

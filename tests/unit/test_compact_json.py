@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_verl import semconv
-from otel_verl.store import _index
-from otel_verl.store._index import _fast_json, _json_or_none, _prompt_and_response
-from otel_verl.store._index import prompt_and_response as fast
+from otel_verl.store import _record
+from otel_verl.store._record import _fast_json, _prompt_and_response
+from otel_verl.store._record import json_or_none as _json_or_none
+from otel_verl.store._record import prompt_and_response as fast
 
 _BIG = st.one_of(st.integers(2**63 - 2, 2**63 + 2), st.integers(2**64 - 2, 2**64 + 2),
                  st.integers(-(2**64) - 2, -(2**63) + 2), st.integers(-(2**200), 2**200))
@@ -119,7 +120,7 @@ def test_deep_nesting_is_the_stdlib_decoders() -> None:
 def test_fast_json_is_json_loads_but_for_rounded_integers(value: Any, ascii_only: bool) -> None:
     text = json.dumps(value, ensure_ascii=ascii_only)
     got, want = _fast_json(text), _json_or_none(text)
-    if _index._maybe_rounded(got):
+    if _record._maybe_rounded(got):
         return  # printed only through _exact_text, which sends it to the stdlib
     assert _same(got, want)
 

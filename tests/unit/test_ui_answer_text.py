@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from otel_verl.store._compact import compact
-from otel_verl.store._index import StoreIndex, answer_text
+from otel_verl.store._index import StoreIndex
+from otel_verl.store._record import answer_text
 from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.views import prompt_view, trajectory_view
 
