@@ -45,19 +45,18 @@ from otel_verl import semconv
 from otel_verl.exporters._file_exporter import ENV_TRACE_DIR, resolve_trace_dir
 from otel_verl.store import (
     DUCKDB,
+    LAKE_EXTRA,
     BadRequest,
     ContentIndex,
     ReadStats,
     SpanNode,
     Trajectory,
     filter_clauses,
-    filter_trajectories,
     group_trajectories,
     lake_available,
     list_files,
     read_spans,
     sampling_reports,
-    step_statistics,
     turn_prompts,
 )
 from otel_verl.store._data_cli import add_export_parser, add_parity_parser
@@ -331,42 +330,43 @@ def _say_no_traces(directory: str) -> None:
           file=sys.stderr)
 
 
-def _lake_refusal(args: argparse.Namespace, command: str) -> int | None:
+def _lake_refusal(args: argparse.Namespace, command: str, *, file_ok: bool = False) -> int | None:
     """Why ``command`` cannot read ``args.dir`` through the lake, said on stderr, as its exit
-    status (2: no lake extra; 1: no store directory); None when it can."""
+    status (2: no lake extra, the only engine of the statistics and read paths; 1: no store
+    directory, or no store file where ``file_ok``); None when it can."""
     if not lake_available():
-        print(f"otel-verl {command}: needs the lake extra (pip install 'otel-verl[lake]')",
-              file=sys.stderr)
+        print(f"otel-verl {command}: {LAKE_EXTRA}", file=sys.stderr)
         return 2
-    if not os.path.isdir(args.dir):
+    if not (os.path.isdir(args.dir) or file_ok and os.path.isfile(args.dir)):
         _say_no_traces(args.dir)
         return 1
     return None
 
 
 def _open_lake(args: argparse.Namespace) -> Any:
-    """The store through the query layer, or None (no lake extra, or ``--dir`` is one file).
+    """The store through the query layer (call :func:`_lake_refusal` first). ``--dir`` may be
+    one store file (read directly, through a link in a temporary directory).
 
     Compacts closed files first when more than ``PROGRESS_MIN_BYTES`` of them are not compacted
     yet and the store is writable (with progress on stderr)."""
-    if not os.path.isdir(args.dir) or not lake_available():
-        return None
     from otel_verl.store import Lake, compact, main_progress, pending_bytes
+    from otel_verl.ui._lake import store_directory
 
-    closed, live = pending_bytes(args.dir)
+    directory, whole = store_directory(args.dir)
+    closed, live = pending_bytes(directory)
     wanted = getattr(args, "progress", None)
-    if closed >= PROGRESS_MIN_BYTES and os.access(args.dir, os.W_OK):
+    if whole and closed >= PROGRESS_MIN_BYTES and os.access(directory, os.W_OK):
         show = wanted if wanted is not None else sys.stderr.isatty()
-        stats = compact(args.dir, progress=main_progress(sys.stderr) if show else None)
+        stats = compact(directory, progress=main_progress(sys.stderr) if show else None)
         if stats.spans:
             print(f"otel-verl: compacted {stats.bytes >> 20} MiB ({stats.spans} spans) into "
                   f"{stats.segments} segment(s) in {stats.seconds:.1f}s", file=sys.stderr)
-        closed, live = pending_bytes(args.dir)
+        closed, live = pending_bytes(directory)
     raw = closed + live
     show = wanted if wanted is not None else raw >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
     progress = _Progress(raw, sys.stderr) if show else None
     try:
-        lake = Lake.open(args.dir, progress)
+        lake = Lake.open(directory, progress)
     finally:
         if progress is not None:
             progress.close()
@@ -502,84 +502,15 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    """``traces list`` (and ``--steps``): the lake's rows and its one step statistics."""
+    refused = _lake_refusal(args, "traces list", file_ok=True)
+    if refused is not None:
+        return refused
     lake = _open_lake(args)
-    if lake is not None:
-        try:
-            return _lake_list(args, lake)
-        finally:
-            lake.close()
-    reports: dict[Any, Any] = {}
-    loaded = _load(args, reports if args.steps else None)
-    if loaded is None:
-        return 1
-    trajectories, _ = loaded
-    selected = filter_trajectories(
-        trajectories,
-        step=args.step,
-        sample_index=args.sample_index,
-        rollout_n=args.rollout_n,
-        experiment=args.experiment,
-        validate=args.validate,
-    )
-    if getattr(args, "flag", None):
-        selected = [t for t in selected if t.attribute(semconv.flag_key(args.flag))]
-    out = sys.stdout
-    if args.steps:
-        return _print_steps(args, selected, reports, out)
-    if args.json:
-        _dump_json([t.summary() for t in selected], out)
-        return 0
-    if not selected:
-        print(f"otel-verl: no trajectories match under {args.dir} "
-              f"({len(trajectories)} in the store)", file=sys.stderr)
-        return 0
-    rows = [["TRACE", "EXPERIMENT", "STEP", "SAMPLE", "ROLLOUT", "VALIDATE", "REWARD", "TURNS",
-             "SPANS", "DURATION", "STATUS"]]
-    width = _unique_prefix_length([t.trace_id for t in selected])
-    for t in selected:
-        status = t.status if not t.errors else f"error({len(t.errors)})"
-        rows.append([
-            t.trace_id[:width],
-            _cell(t.experiment),
-            _cell(t.step),
-            _cell(t.sample_index),
-            _cell(t.rollout_n),
-            _cell(t.validate),
-            _cell(t.reward),
-            _cell(t.num_turns),
-            str(len(t.spans)),
-            _duration(t.duration_ns),
-            status,
-        ])
-    _table(rows, out)
-    return 0
-
-
-def _print_steps(args: argparse.Namespace, selected: list[Trajectory],
-                 reports: dict[Any, Any], out: TextIO) -> int:
-    """``list --steps``: one row per step, statistics weighted by ``rollout.sampling.weight``."""
-    if args.step is not None or args.experiment is not None or args.validate is not None:
-        reports = {k: v for k, v in reports.items()
-                   if (args.experiment is None or k[0] == args.experiment)
-                   and (args.validate is None or bool(k[1]) == args.validate)
-                   and (args.step is None or k[2] == args.step)}
-    steps = step_statistics(selected, reports)
-    if args.json:
-        _dump_json([s.as_dict() for s in steps], out)
-        return 0
-    rows = [["EXPERIMENT", "STEP", "VALIDATE", "TRACED", "REASONS", "EST. RAN", "RAN",
-             "DROPPED", "REWARD (WEIGHTED)", "REWARD (TRACED)", "ERRORS (WEIGHTED)"]]
-    for s in steps:
-        rows.append([
-            _cell(s.experiment), _cell(s.step), _cell(s.validate), str(s.traced),
-            ",".join(f"{k}={v}" for k, v in sorted(s.by_reason.items())) or "-",
-            f"{s.estimated:.1f}", _cell(s.ran), _cell(s.dropped),
-            "-" if s.reward_mean is None else f"{s.reward_mean:.4f}",
-            "-" if s.reward_mean_unweighted is None else f"{s.reward_mean_unweighted:.4f}",
-            "-" if s.error_rate is None else f"{s.error_rate:.1%}",
-        ])
-    _table(rows, out)
-    return 0
+    try:
+        return _lake_list(args, lake)
+    finally:
+        lake.close()
 
 
 def _resolve_trace(prefix: str, trajectories: list[Trajectory], where: str) -> str | int:
@@ -779,17 +710,19 @@ def _cmd_demo(argv: Sequence[str]) -> int:
     return int(result or 0)
 
 
-def _open_index(args: argparse.Namespace, background: bool = False) -> Any:
-    """The viewer's source (the lake with the ``lake`` extra, else the SQLite index), brought up
-    to date (None after saying why when there is no store). ``background``: compact closed files
-    and look for new lines on a thread (``ui``)."""
+def _open_index(args: argparse.Namespace, command: str, background: bool = False) -> Any:
+    """The viewer's source (the lake), brought up to date, or the exit status after saying why
+    not (no lake extra: 2; no store: 1). ``background``: compact closed files and look for new
+    lines on a thread (``ui``)."""
+    refused = _lake_refusal(args, command, file_ok=True)
+    if refused is not None:
+        return refused
+    if args.index is not None:
+        print(f"otel-verl {command}: --index is ignored: the SQLite index is gone, the viewer "
+              "reads through the lake (docs/ui.md)", file=sys.stderr)
     from otel_verl.ui._lake import open_source
 
-    if not os.path.exists(args.dir):
-        _say_no_traces(args.dir)
-        return None
-    return open_source(args.dir, args.index, background=background,
-                       poll_s=getattr(args, "poll", 1.0),
+    return open_source(args.dir, background=background, poll_s=getattr(args, "poll", 1.0),
                        say=lambda text: print(text, file=sys.stderr, flush=True))
 
 
@@ -799,9 +732,9 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def _cmd_ui(args: argparse.Namespace) -> int:
     from otel_verl.ui.server import serve
 
-    index = _open_index(args, background=True)
-    if index is None:
-        return 1
+    index = _open_index(args, "ui", background=True)
+    if isinstance(index, int):
+        return index
     if args.host not in _LOOPBACK:
         print(f"otel-verl ui: warning: listening on {args.host}: anyone who can reach this "
               "address can read your traces (prompts, answers, tool calls)", file=sys.stderr)
@@ -824,9 +757,9 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from otel_verl.ui.report import write_report
 
-    index = _open_index(args)
-    if index is None:
-        return 1
+    index = _open_index(args, "report")
+    if isinstance(index, int):
+        return index
     meta = write_report(index, args.output, experiment=args.experiment, step=args.step,
                         sample_index=args.sample_index, validate=args.validate,
                         max_details=args.max_details)
@@ -898,10 +831,8 @@ def _add_viewer_parsers(commands: Any) -> None:
             "--dir", "--trace-dir", dest="dir", default=None,
             help=f"the store: a directory (ours or a collector's file-exporter output) or a file "
                  f"(default: ${ENV_TRACE_DIR} or ./otel_verl_traces)")
-        parser.add_argument(
-            "--index", default=None,
-            help="the index file (default: <trace-dir>/.otel_verl_index/index.sqlite3, or "
-                 "~/.cache/otel_verl/index when the store is read-only)")
+        # the SQLite index's file: gone with the index (accepted, said to be ignored)
+        parser.add_argument("--index", default=None, help=argparse.SUPPRESS)
 
     ui_p = commands.add_parser("ui", help="the web viewer over the store (steps, groups, rewards)")
     store(ui_p)

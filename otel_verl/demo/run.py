@@ -325,14 +325,13 @@ def _print_summary(result: DemoResult, config: Any, trace_dir: str | None, serve
 def _write_report(trace_dir: str, out: Any) -> str | None:
     """The store's offline report (``otel-verl report``) as ``<trace_dir>/report.html``."""
     try:
-        from otel_verl.store._index import StoreIndex
+        from otel_verl.ui._lake import open_source
         from otel_verl.ui.report import write_report
 
-        index = StoreIndex(trace_dir)
-        index.update()
+        source = open_source(trace_dir)  # ImportError without the lake extra (said below)
         path = os.path.join(trace_dir, "report.html")
-        write_report(index, path)
-        index.close()
+        write_report(source, path)
+        source.close()
         return path
     except Exception as exc:  # noqa: BLE001 - a convenience: never fail the demo over it
         print(f"warning: no report ({type(exc).__name__}: {exc})", file=out)

@@ -68,6 +68,9 @@ _logger = logging.getLogger(__name__)
 
 #: file name endings the reader picks up in a directory (ours: .jsonl; the collector's: any)
 FILE_SUFFIXES = (".jsonl", ".json")
+#: what the statistics and read paths (``otel-verl ui`` / ``report`` / ``traces list`` / ``sql``
+#: / ``compact``, :class:`Lake`) say without DuckDB: they have no other engine
+LAKE_EXTRA = "this needs the lake extra: pip install 'otel-verl[lake]'"
 
 
 @dataclass

@@ -12,25 +12,30 @@ columns do not hold is taken from where it lives:
   was removed after compaction) is rebuilt from the segments' columns and payloads instead;
 - the table's prompt and answer snippets and the free-text filter's text are columns of the
   trajectory rows (``trajectories_text``: ``prompt``, ``response``, ``search``), built at
-  compaction from the spans' text columns by the SQLite index's rule, and the same way for the
+  compaction from the spans' text columns (:func:`otel_verl.store._schema.span_texts`, the
+  trajectory model's :func:`~otel_verl.store.prompt_and_response`), and the same way for the
   raw lines' traces, so a table page, a group or a prompt through training is one DuckDB query
-  (filters, sort and limit inside it) and both read paths find the same rows.
+  (filters, sort and limit inside it).
 
 Background (``otel-verl ui``): one thread compacts the store's closed files
 (:func:`otel_verl.store.compact`) and, when the store or the manifest changed, opens a
 new :class:`Lake` beside the one serving and swaps it in, so a request never waits for either.
 Files not compacted yet are read directly by the lake, so a live run shows within ``poll_s``.
 
-Without the ``lake`` extra (DuckDB), :func:`open_source` falls back to the SQLite index
-(:class:`otel_verl.store.StoreIndex`) and says so once. The filters, the sort and the page
-follow the one rule both share (:func:`otel_verl.store.filter_clauses`).
+The lake is the viewer's only read path: without the ``lake`` extra (DuckDB, pyarrow),
+:func:`open_source` raises ``ImportError`` with :data:`otel_verl.store.LAKE_EXTRA`, and the CLI
+prints it and exits. The filters, the sort and the page follow the one rule the CLI's
+``traces list`` shares (:func:`otel_verl.store.filter_clauses`).
 """
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +45,8 @@ import orjson
 
 from otel_verl.store import (
     DUCKDB,
+    FILE_SUFFIXES,
+    LAKE_EXTRA,
     TRAJECTORY_COLUMNS,
     LineCache,
     filter_clauses,
@@ -53,10 +60,10 @@ from otel_verl.store import clean_text as _clean
 from otel_verl.store import decode_quietly as _quiet_decode
 
 if TYPE_CHECKING:
-    from otel_verl.store import Lake, StoreIndex
+    from otel_verl.store import Lake
     from otel_verl.ui.views import Source
 
-__all__ = ["LakeSource", "lake_available", "open_source"]
+__all__ = ["LakeSource", "lake_available", "open_source", "store_directory"]
 
 _logger = logging.getLogger(__name__)
 
@@ -68,7 +75,7 @@ _COLUMNS = ", ".join(TRAJECTORY_COLUMNS)
 #: the search text is kept in memory too while compaction's file holds at most this many bytes
 #: of it (a free-text filter then reads no Parquet)
 _SEARCH_IN_MEMORY = 128 << 20
-_SKIP = (".otel_verl_lake" + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)
+_SKIP = (".otel_verl_lake" + os.sep, "content" + os.sep, ".otel_verl_index" + os.sep)  # old index
 
 
 #: flagged trajectories per step and flag (``rl.flags`` on trajectory spans)
@@ -306,7 +313,7 @@ class LakeSource:
         page: int = 0, page_size: int = 50, with_search: bool = False,
         max_page_size: int = 5000, flag: str | None = None) -> dict[str, Any]:
         """One page of trajectory rows matching every given filter, and the total count (the
-        SQLite index's :meth:`~otel_verl.store.StoreIndex.trajectories`, same answers)."""
+        filters of :func:`otel_verl.store.filter_clauses`, as ``traces list``)."""
         matching = filter_clauses(
             DUCKDB, experiment=experiment, step=step, sample_index=sample_index,
             rollout_n=rollout_n, validate=validate, reward_min=reward_min,
@@ -489,45 +496,62 @@ def _spans_from_columns(lake: Lake, trace_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def open_source(trace_dir: str | os.PathLike[str], index_path: str | os.PathLike[str] | None = None,
-                *, background: bool = False, poll_s: float = 1.0,
-                say: Callable[[str], None] | None = None) -> Source:
-    """The viewer's source for a store: the lakehouse when the ``lake`` extra is installed, else
-    the SQLite index (said once through ``say``), brought up to date.
+def store_directory(path: str | os.PathLike[str]) -> tuple[str, bool]:
+    """The directory to open the lake over, and whether it is the store itself.
+
+    A directory is returned as it is. One store file (e.g. a collector's file output) is read
+    through a temporary directory holding a link to it, removed at exit: the lake reads its
+    lines directly and nothing is compacted (``False``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        OSError: the link cannot be made.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        return path, True
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no trace file or directory at {path}")
+    link_dir = tempfile.mkdtemp(prefix="otel_verl_file_")
+    atexit.register(shutil.rmtree, link_dir, True)
+    name = os.path.basename(path)
+    if not name.endswith(FILE_SUFFIXES):
+        name += ".jsonl"
+    os.symlink(path, os.path.join(link_dir, name))
+    return link_dir, False
+
+
+def open_source(trace_dir: str | os.PathLike[str], *, background: bool = False,
+                poll_s: float = 1.0, say: Callable[[str], None] | None = None) -> LakeSource:
+    """The viewer's source for a store (a directory, or one store file): the lakehouse, brought
+    up to date.
 
     Args:
         trace_dir: the store.
-        index_path: the SQLite index file (the fallback only).
         background: compact closed files and look for new lines on a thread (``otel-verl ui``).
         poll_s: the background thread's period.
         say: where the one-line summaries go (stderr for the CLI).
+
+    Raises:
+        ImportError: the ``lake`` extra (DuckDB, pyarrow) is not installed; the message says
+            how to install it (:data:`otel_verl.store.LAKE_EXTRA`).
+        FileNotFoundError: ``trace_dir`` does not exist.
     """
     tell = say or (lambda text: None)
-    if os.path.isdir(trace_dir) and lake_available():
-        started = time.perf_counter()
-        source = LakeSource(trace_dir, compact=background, poll_s=poll_s)
-        problems = source.problems()
-        tell(f"otel-verl: read {problems['trajectories']} trajectories, {problems['spans']} "
-             f"spans in {time.perf_counter() - started:.1f}s ({problems['segments']} Parquet "
-             f"segment(s), {problems['raw_files']} file(s) read directly; lake: "
-             f"{source.lake.lake_dir})")
-        _say_skipped(problems, tell)
-        if background:
-            source.start()
-        return source
-    from otel_verl.store import StoreIndex
-
-    if os.path.isdir(trace_dir):
-        tell("otel-verl: the lake extra is not installed (pip install 'otel-verl[lake]'); "
-             "reading through the SQLite index instead (slower on large stores)")
-    index = StoreIndex(trace_dir, index_path)
-    stats = index.update()
-    problems = index.problems()
-    tell(f"otel-verl: indexed {stats.new_spans} new span(s) in {stats.seconds:.1f}s; "
-         f"{problems['trajectories']} trajectories, {problems['spans']} spans "
-         f"(index: {index.path})")
+    if not lake_available():
+        raise ImportError(LAKE_EXTRA)
+    directory, whole = store_directory(trace_dir)
+    started = time.perf_counter()
+    source = LakeSource(directory, compact=background and whole, poll_s=poll_s)
+    problems = source.problems()
+    tell(f"otel-verl: read {problems['trajectories']} trajectories, {problems['spans']} "
+         f"spans in {time.perf_counter() - started:.1f}s ({problems['segments']} Parquet "
+         f"segment(s), {problems['raw_files']} file(s) read directly; lake: "
+         f"{source.lake.lake_dir if whole else '-'})")
     _say_skipped(problems, tell)
-    return _as_source(index)
+    if background:
+        source.start()
+    return source
 
 
 def _say_skipped(problems: dict[str, Any], tell: Callable[[str], None]) -> None:
@@ -540,5 +564,5 @@ def _say_skipped(problems: dict[str, Any], tell: Callable[[str], None]) -> None:
         tell("otel-verl: " + ", ".join(skipped))
 
 
-def _as_source(index: StoreIndex) -> Source:
-    return index  # the SQLite index is a Source as it is (checked by mypy here)
+def _as_source(source: LakeSource) -> Source:
+    return source  # the lake is a Source (checked by mypy here)

@@ -1,7 +1,7 @@
 """What each view of the viewer shows, as JSON-ready dicts (shared by the server and the report).
 
-The trajectory page is built from the full spans of its trace (re-read from the store through the
-index) with the store's trajectory model: the conversation (messages in order, tool calls with
+The trajectory page is built from the full spans of its trace (re-read from the store lines the
+lake names) with the store's trajectory model: the conversation (messages in order, tool calls with
 arguments and results, per-turn usage and latency), the reward and its label, the errors, and the
 span waterfall (engine spans that joined the trace included).
 
@@ -54,10 +54,10 @@ class Source(Protocol):
     """What the views, the server and the report read: one row per trajectory, the per-step
     aggregates, and a trace's full spans.
 
-    Two implementations: the lakehouse (:class:`otel_verl.ui._lake.LakeSource`, DuckDB over
-    the Parquet segments and the files not compacted yet; the default when the ``lake`` extra is
-    installed) and the SQLite index (:class:`otel_verl.store.StoreIndex`, the fallback).
-    Both answer with the same rows (``TRAJECTORY_COLUMNS``) and the same step dicts.
+    One implementation: the lakehouse (:class:`otel_verl.ui._lake.LakeSource`, DuckDB over the
+    Parquet segments and the files not compacted yet; the ``lake`` extra). Its rows are
+    ``TRAJECTORY_COLUMNS``, its step dicts :meth:`otel_verl.store.Lake.steps`'s (the one
+    weighted step statistics the CLI and ``otel-verl sql`` read too).
     """
 
     @property

@@ -440,8 +440,8 @@ def test_sql_and_compact_without_the_lake_extra_say_so(store, tmp_path, blocked)
     is 1, as before."""
     directory, _ = store
     for argv, rc, said in (
-            (["sql", "SELECT 1", "--dir", str(directory)], 2, "otel-verl sql: needs the lake extra"),
-            (["compact", "--dir", str(directory)], 2, "otel-verl compact: needs the lake extra")):
+            (["sql", "SELECT 1", "--dir", str(directory)], 2, "otel-verl sql: this needs the lake extra"),
+            (["compact", "--dir", str(directory)], 2, "otel-verl compact: this needs the lake extra")):
         result = subprocess.run([sys.executable, "-c", _WITHOUT.format(blocked=blocked, argv=argv)],
                                 capture_output=True, text=True, timeout=120, check=False)
         assert (result.returncode, result.stdout) == (rc, ""), result.stderr

@@ -1,12 +1,14 @@
 """The viewer over the lake (otel_verl/ui/_lake.py): the same numbers from the CLI, the viewer
 and ``otel-verl sql``; every hostile kind survived raw and compacted; background compaction while
-serving, with a live file's new lines shown; the SQLite index when DuckDB is missing."""
+serving, with a live file's new lines shown; one store file; the extra's name when DuckDB is
+missing."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,9 +21,8 @@ from typing import Any
 import pytest
 
 from otel_verl.cli import main
-from otel_verl.store import group_trajectories, read_spans
+from otel_verl.store import LAKE_EXTRA, group_trajectories, read_spans
 from otel_verl.store._compact import compact
-from otel_verl.store._index import StoreIndex
 from otel_verl.ui._lake import LakeSource, open_source
 from otel_verl.ui.server import UIServer
 
@@ -179,13 +180,44 @@ def test_background_compaction_while_serving_and_a_live_file_shows(tmp_path: Pat
         source.close()
 
 
-def test_without_duckdb_the_sqlite_index_serves_and_says_so(tmp_path: Path,
-                                                              monkeypatch: Any) -> None:
+def test_without_duckdb_the_viewer_says_what_to_install(tmp_path: Path, monkeypatch: Any) -> None:
+    """No fallback engine: the viewer's source names the extra (the CLI prints it and exits)."""
     L.write_store(tmp_path, 3)
     monkeypatch.setitem(sys.modules, "duckdb", None)  # import duckdb raises ImportError
     monkeypatch.delitem(sys.modules, "otel_verl.store._query", raising=False)
     said: list[str] = []
-    source = open_source(tmp_path, tmp_path / "index.sqlite3", say=said.append)
-    assert isinstance(source, StoreIndex)
-    assert "pip install 'otel-verl[lake]'" in said[0] and "SQLite index" in said[0]
-    assert source.problems()["trajectories"] == len(group_trajectories(read_spans(tmp_path)))
+    with pytest.raises(ImportError, match=re.escape(LAKE_EXTRA)):
+        open_source(tmp_path, say=said.append)
+    assert said == [] and not (tmp_path / ".otel_verl_index").exists()
+
+
+def _close_rows(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Rows equal, floats to 1e-9 (DuckDB's parallel sums may add in another order)."""
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, float) and isinstance(y, float):
+            return x == pytest.approx(y, rel=1e-9, abs=1e-12)
+        return bool(x == y)
+    return len(a) == len(b) and all(
+        r.keys() == q.keys() and all(same(r[k], q[k]) for k in r) for r, q in zip(a, b, strict=True))
+
+
+def test_one_store_file_is_served_through_the_lake(tmp_path: Path) -> None:
+    """``--dir FILE`` (a collector's one output file): read directly, nothing compacted or
+    written beside it, the same rows and steps as the directory holding it."""
+    L.write_store(tmp_path / "store", 3, files=1)
+    (path,) = (tmp_path / "store").glob("*.jsonl")
+    whole = LakeSource(tmp_path / "store", compact=False)
+    one = open_source(path, background=True, poll_s=0.05)
+    try:
+        assert one.problems()["trajectories"] == whole.problems()["trajectories"] > 0
+        assert _close_rows(one.overview(), whole.overview())
+        page = one.trajectories(page_size=5000)
+        assert page == whole.trajectories(page_size=5000)
+        row = page["rows"][0]
+        assert one.trace_spans(row["trace_id"]) == whole.trace_spans(row["trace_id"])
+        time.sleep(0.3)  # the background thread ran: it compacts nothing for one file
+        assert one.compactions == 0
+        assert sorted(os.listdir(tmp_path / "store")) == [path.name]
+    finally:
+        one.close()
+        whole.close()
