@@ -12,8 +12,6 @@ Modes, interleaved round by round (order rotates):
 - on:   ``backend=file`` with the defaults (batch processor, redaction, 64 KiB field cap)
 - cap8k (``--all-modes``): the same with ``max_field_bytes=8192``
 - meta (``--all-modes``): the same with ``capture_payloads=False`` (no inputs/outputs)
-- deferred (``--modes on,deferred``): ``on`` with op payloads rendered off the loop, by the
-  span's first reader (the export thread), from snapshots taken during the call
 - tail, metatail (``--tail``): ``on`` and ``meta`` with ``tail_keep=errors,truncated`` and every
   trajectory provisional (``trace=False``, so each is recorded, then dropped by the tail rules:
   what tail sampling costs the loop)
@@ -45,7 +43,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from otel_verl import RolloutTraceConfig, _capture, rollout_trace_attr
+from otel_verl import RolloutTraceConfig, rollout_trace_attr
 from otel_verl.rollout.agent_loop import ToolAgentLoop
 from otel_verl.rollout.clients import AsyncTokenClient, TokenOutput
 from otel_verl.rollout.reward import Gsm8kReward
@@ -160,9 +158,6 @@ MODES: dict[str, dict[str, Any]] = {
     "tail": TAIL, "metatail": {"capture_payloads": False, **TAIL}}
 #: modes whose trajectories run with ``trace=False`` (recorded provisionally by the tail rules)
 TAIL_MODES = ("tail", "metatail")
-#: ``deferred``: ``on`` with op payloads rendered by the span's first reader, off the loop
-#: (``_capture.DEFER_PAYLOADS``), where a snapshot of them is cheap
-MODES["deferred"] = {}
 
 
 class _GcClock:
@@ -191,7 +186,6 @@ def _round(mode: str, n: int, step: int, context_tokens: int, trace_dir: str
     the collections of generations 0, 1 and 2 in the round), the CPU and GC figures per
     trajectory; the generations from ``gc.get_stats()`` before and after."""
     RolloutTraceConfig.reset()
-    _capture.DEFER_PAYLOADS = mode == "deferred"
     if mode != "off":
         RolloutTraceConfig.init("bench", "stub", "file", trace_dir=trace_dir,
                                 **MODES.get(mode, {}))

@@ -23,14 +23,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_verl import _content, _errors, _payload, semconv
-from otel_verl._hotpath import (
-    Deferred,
-    attribute_map,
-    clean_attributes,
-    merge_clean,
-    merge_deferred,
-    resolve_live,
-)
+from otel_verl._hotpath import attribute_map, clean_attributes, merge_clean
 from otel_verl._payload import TRUNCATION_MARK, redact_text, to_payload
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 
@@ -140,156 +133,6 @@ def _render(config: Any, fields: list[tuple[str, str, Any]],
             errors.insert(0, str(previous))
         attrs[semconv.OTEL_VERL_PAYLOAD_ERROR] = "; ".join(errors)[:1000]
     return attrs
-
-
-# deferred rendering: an op's payloads rendered by the thread that first reads its span --------
-
-
-class DeferredPayload(Deferred):
-    """An op's field to render later, from a snapshot (``_payload.snapshot``) taken at the
-    call: what ``_render`` makes of it then is what it makes of the value now. One object per
-    field (what waits with the span is what the cyclic GC counts).
-
-    ``fresh``: rendered as at an op's start (nothing before it counts, as ``payload_attrs``
-    with ``existing={}``); else after the attributes before it (``set_payload``)."""
-
-    __slots__ = ("code", "config", "data", "estimate", "fresh", "key", "mime")
-
-    def __init__(self, config: Any, key: str, mime: str, snap: tuple[int, Any, int],
-                 fresh: bool) -> None:
-        self.config = config
-        self.key = key
-        self.mime = mime
-        self.code, self.data, size = snap
-        self.estimate = min(config.max_field_bytes, size + 16) + len(key) + len(mime) + 56
-        self.fresh = fresh
-
-    def render(self, before: Mapping[str, Any]) -> Mapping[str, Any]:
-        try:
-            value = _payload.restore(self.code, self.data)
-            return clean_attributes(_render(self.config, [(self.key, self.mime, value)],
-                                            {} if self.fresh else before))  # as stored
-        except Exception as exc:  # noqa: BLE001 - never into the reader
-            _errors.internal_error(exc, "set_payload (deferred)")
-            return {}
-
-
-#: render op payloads by the span's first reader (off the event loop) where a snapshot is
-#: cheap. Off: measured on ``bench/bench_rollout_stub.py --modes on,deferred`` it did not lower
-#: the loop's CPU (the values left after the per-turn content are small; the fast path
-#: renders them at C speed, and a snapshot costs about as much), see docs/content.md
-DEFER_PAYLOADS = False
-
-
-def _deferred(config: Any, fields: list[tuple[str, str, Any]], fresh: bool,
-              existing: Mapping[str, Any]) -> DeferredPayload | dict[str, Any] | None:
-    """The one field for a later render (a ``DeferredPayload``); or rendered now where that
-    costs no more than a snapshot (a small value of exact JSON types: its JSON at C speed, no
-    copy, nothing for the GC); None where it has neither (then render at once, in full)."""
-    if len(fields) != 1:
-        return None
-    key, mime, value = fields[0]
-    # the field's byte limit as ``_render`` computes it; with the input not rendered yet, the
-    # least it can be (the fast path's text is the same at any larger limit)
-    shown = existing.get(semconv.INPUT_VALUE, "")
-    used = len(shown) if type(shown) is str else config.max_field_bytes
-    limit = min(config.max_field_bytes, max(256, config.max_span_bytes - used))
-    fast = _payload.fast_json(value, limit, config.redact)
-    if fast is not None:
-        return {key: fast, mime: semconv.MIME_JSON}
-    snap = _payload.snapshot(value)
-    return None if snap is None else DeferredPayload(config, key, mime, snap, fresh)
-
-
-def deferred_input_attrs(runtime: Runtime, inputs: Any) -> dict[str, Any]:
-    """``payload_attrs(runtime, inputs, UNSET, {})`` with the rendering left to whoever reads
-    the span first (a ``DeferredPayload`` under ``input.value``), where the inputs have a cheap
-    snapshot; store the result with ``merge_op_attrs``."""
-    if not DEFER_PAYLOADS:
-        return payload_attrs(runtime, inputs, UNSET, {})
-    attrs, fields = _prepare(runtime, inputs, UNSET, {})
-    job = _deferred(runtime.config, fields, True, {})
-    if job is None:
-        attrs.update(_render(runtime.config, fields, {}))
-    elif type(job) is dict:
-        attrs.update(job)
-    else:
-        attrs[fields[0][0]] = job
-    return attrs
-
-
-def merge_op_attrs(span: Span, attrs: dict[str, Any]) -> None:
-    """Put attributes from ``deferred_input_attrs`` on a started span (rendered now where the
-    span cannot hold a deferred value)."""
-    clean = clean_attributes(attrs)
-    if DEFER_PAYLOADS and any(isinstance(v, Deferred) for v in clean.values()):
-        if merge_deferred(span, clean):
-            return
-        clean = _inline(clean, {})
-    merge_clean(span, clean)
-
-
-def _inline(attrs: Mapping[str, Any], existing: Mapping[str, Any]) -> dict[str, Any]:
-    """``attrs`` with each deferred value rendered now, in its place."""
-    out: dict[str, Any] = {}
-    for key, value in attrs.items():
-        if isinstance(value, Deferred):
-            out.update(value.render(existing))
-        else:
-            out[key] = value
-    return clean_attributes(out)
-
-
-def set_output_deferred(span: Span, output: Any) -> None:
-    """``set_payload(span, output=output)`` with the rendering left to whoever reads the span
-    first, where the output has a cheap snapshot and the span can hold it (never raises)."""
-    if not DEFER_PAYLOADS:
-        set_payload(span, output=output)
-        return
-    runtime = STATE.runtime
-    if runtime is None or not runtime.config.capture_payloads or not span.is_recording():
-        return
-    try:
-        existing = attribute_map(span)  # no render: the input may still be deferred
-        attrs, fields = _prepare(runtime, UNSET, output, existing)
-        job = _deferred(runtime.config, fields, False, existing)
-        fast = type(job) is dict
-        if fast:  # rendered now (no markers): whatever the input's state
-            attrs.update(job)  # type: ignore[arg-type]
-        elif job is not None:
-            attrs[fields[0][0]] = job
-        if semconv.CONTENT_FIELD in existing:
-            attrs.update(content_outputs(span, output))
-        clean = clean_attributes(attrs)
-        if fast:
-            merge_clean(span, clean)
-            return
-        if job is not None and merge_deferred(span, clean):
-            return
-        resolve_live(span)  # rendered now: after the input, as set_payload does
-        existing = attribute_map(span)
-        if job is None:
-            clean = _ordered(attrs, _render(runtime.config, fields, existing))
-        else:
-            clean = _inline(clean, existing)
-        merge_clean(span, clean)
-    except Exception as exc:
-        _errors.internal_error(exc, "set_payload")
-
-
-def _ordered(attrs: dict[str, Any], rendered: dict[str, Any]) -> dict[str, Any]:
-    """``attrs`` with ``rendered`` in the place the eager path gives it: after the content
-    references (before the content outputs)."""
-    out: dict[str, Any] = {}
-    placed = False
-    for key, value in attrs.items():
-        if not placed and key != semconv.CONTENT_REFS:
-            out.update(rendered)
-            placed = True
-        out[key] = value
-    if not placed:
-        out.update(rendered)
-    return clean_attributes(out)
 
 
 # per-turn content: a prompt recorded as what it adds to the trajectory's previous call -------
@@ -635,7 +478,7 @@ def settle_messages(span: Span) -> dict[str, Any]:
 def content_outputs(span: Span, output: Any) -> dict[str, Any]:
     """At the end of a call whose prompt was delta-coded: its response extends the chain (the
     next call's base) and is stored as a node; the ``otel_verl.content.output_*`` attributes."""
-    attrs_now = attribute_map(span)  # (a deferred input stays deferred)
+    attrs_now = attribute_map(span)
     settled = settle_content(span, attrs_now)
     content_id = settled.get(semconv.CONTENT_ID, attrs_now.get(semconv.CONTENT_ID))
     if content_id is None:
@@ -676,6 +519,17 @@ def _field(output: Any, key: str) -> Any:
     return as_dict(output).get(key)
 
 
+def _settle_pending(span: Span, attrs_now: Mapping[str, Any]) -> dict[str, Any]:
+    """The ids (and ``stored``) of a call's prompt and messages hashed off the loop, for a call
+    that ends without ``content_outputs`` (a failure): ``{}`` when neither is pending."""
+    settled: dict[str, Any] = {}
+    if semconv.CONTENT_FIELD in attrs_now:  # a prompt whose id is not on the span yet
+        settled.update(settle_content(span, attrs_now))
+    if semconv.CONTENT_MESSAGES_LEN in attrs_now and semconv.CONTENT_MESSAGES_ID not in attrs_now:
+        settled.update(settle_messages(span))  # its messages', likewise
+    return settled
+
+
 def record_failure(span: Span, exc: BaseException) -> None:
     """``record_exception`` + status ERROR, with the message and traceback capped like payloads.
 
@@ -685,16 +539,9 @@ def record_failure(span: Span, exc: BaseException) -> None:
     try:
         if not span.is_recording():
             return
-        attrs_now = getattr(span, "attributes", None) or {}
-        if semconv.CONTENT_FIELD in attrs_now:  # a call whose prompt id is not on it yet
-            settled = settle_content(span, attrs_now)
-            if settled:
-                span.set_attributes(settled)
-        if semconv.CONTENT_MESSAGES_LEN in attrs_now and \
-                semconv.CONTENT_MESSAGES_ID not in attrs_now:  # its messages' id, likewise
-            settled = settle_messages(span)
-            if settled:
-                span.set_attributes(settled)
+        settled = _settle_pending(span, getattr(span, "attributes", None) or {})
+        if settled:
+            span.set_attributes(settled)
         kind = type(exc)
         type_name = kind.__qualname__ if kind.__module__ == "builtins" else \
             f"{kind.__module__}.{kind.__qualname__}"

@@ -34,15 +34,18 @@ from otel_verl import _errors, _policy, semconv
 from otel_verl._capture import (
     UNSET,
     as_dict,
-    deferred_input_attrs,
-    merge_op_attrs,
     payload_attrs,
     record_failure,
-    set_output_deferred,
     set_payload,
     token_texts,
 )
-from otel_verl._hotpath import attribute_map, is_current, start_span
+from otel_verl._hotpath import (
+    attribute_map,
+    clean_attributes,
+    is_current,
+    merge_clean,
+    start_span,
+)
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 from otel_verl._trajectory import Outcome, current_outcome
 from otel_verl.exporters._scrub import fix_surrogates
@@ -212,10 +215,7 @@ class _OpCall:
             owner = None
             if spec.capture_input and runtime.config.capture_payloads:
                 owner, inputs = spec.bind(args, kwargs)
-                if outcome is None:  # rendered by whoever reads the span first (off the loop)
-                    attrs.update(deferred_input_attrs(runtime, inputs))
-                else:  # the trajectory may show this input: its JSON now
-                    attrs.update(payload_attrs(runtime, inputs, UNSET, {}))
+                attrs.update(payload_attrs(runtime, inputs, UNSET, {}))
             elif spec.has_self and args:
                 owner = args[0]
             if outcome is not None:
@@ -225,7 +225,7 @@ class _OpCall:
             # re-checked by the SDK through its ABC dispatch): samplers and on_start hooks see
             # the trajectory attributes (TrajectoryAttributesProcessor), not the op's own
             span = start_span(runtime.tracer, spec.name, spec.span_kind)  # a LightSpan
-            merge_op_attrs(span, attrs)
+            merge_clean(span, clean_attributes(attrs))
             token = otel_context.attach(otel_trace.set_span_in_context(span))
         except Exception as exc:
             _errors.internal_error(exc, f"starting span {spec.name}")
@@ -281,12 +281,8 @@ class _OpCall:
         try:
             if self.spec.capture_output:
                 value = dict(as_dict(output), **extra) if extra else output
-                if self.outcome is None or self.outcome.output_set:  # nobody reads it here
-                    set_output_deferred(self.span, value)
-                    self.span.end()
-                    return
                 set_payload(self.span, output=value)
-                if self.outcome is not None:
+                if self.outcome is not None and not self.outcome.output_set:
                     self.outcome.op_ended(attribute_map(self.span).get(semconv.OUTPUT_VALUE),
                                           self.spec.kind == semconv.SpanKindName.AGENT)
             self.span.end()

@@ -26,9 +26,7 @@ import collections
 import dataclasses
 import enum
 import json
-import marshal
 import math
-import os
 import sys
 import uuid
 import weakref
@@ -208,8 +206,6 @@ class _Walker:
             self._active.discard(ident)
 
     def _container(self, obj: Any, kind: type, depth: int) -> Any:
-        if kind is Fields:  # a dataclass's fields, taken by ``snapshot``: as the dataclass
-            return self._mapping(None, obj.pairs, depth)
         if kind is dict:
             return self._mapping(obj, dict.items(obj), depth)
         if kind is list or kind is tuple:
@@ -510,7 +506,7 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
             pairs = item.items()
         elif kind is not list and kind is not tuple and kind not in leaves and \
                 kind is not float:
-            names = _snap_fields(kind)
+            names = _plain_fields(kind)
             if names is None:  # not a plain dataclass: the walk decides
                 return None
             try:
@@ -573,183 +569,34 @@ _PLAIN_INTS = frozenset({int, bool, type(None)})
 
 def _fields_of(obj: Any) -> dict[str, Any]:
     """orjson's ``default`` for a plain dataclass ``_plain_json`` checked: its fields, in order."""
-    names = _SNAP_CLASSES.get(type(obj))
+    names = _PLAIN_CLASSES.get(type(obj))
     if names is None:
         raise TypeError(type(obj).__name__)
     return {name: object.__getattribute__(obj, name) for name in names}
 
 
-# -- snapshots: what a payload will render to, taken in O(its size) for a later render -----------
-
-
-class Fields:
-    """The fields of a plain dataclass as ``snapshot`` took them; rendered as the dataclass."""
-
-    __slots__ = ("names", "values")
-
-    def __init__(self, names: tuple[str, ...], values: Any) -> None:
-        self.names = names
-        self.values = values
-
-    @property
-    def pairs(self) -> Any:
-        return zip(self.names, self.values, strict=True)
-
-
-#: how a snapshot holds its value: the value itself (immutable), ``marshal`` bytes, the same
-#: with plain dataclasses tagged (``restore`` makes them ``Fields``)
-SNAP_SAME, SNAP_MARSHAL, SNAP_TAGGED = 0, 1, 2
-
-
-def restore(code: int, data: Any) -> Any:
-    """The value of a snapshot (``snapshot``'s code and data): a new copy per call."""
-    if code == SNAP_SAME:
-        return data
-    copy = marshal.loads(data)
-    return _untag(copy, 0) if code == SNAP_TAGGED else copy
-
-
-#: what a snapshot copies: exact containers and the leaves of JSON (and bytes)
-_SNAP_LEAVES = frozenset({str, int, float, bool, type(None), bytes})
-_SNAP_CONTAINERS = frozenset({dict, list, tuple})
-_SNAP_TYPES = _SNAP_LEAVES | _SNAP_CONTAINERS
-#: items a snapshot may have (beyond it the value is rendered at once: the walk stops at its
-#: cap, a copy would not)
-SNAPSHOT_NODES = 4096
-#: a list longer than this is rendered at once (its numbers go to orjson at C speed there)
-SNAPSHOT_LIST = 1024
-#: a string longer than this is rendered at once (the walk reads only its head)
-SNAPSHOT_STR = 256 * 1024
-#: a plain dataclass in a snapshot: ``(_TAG, field names, field values)`` (random per process:
-#: no value of the user's holds it)
-_TAG = os.urandom(16)
-
-
-class _NoSnapshot(Exception):
-    pass
-
-
 #: a class -> its field names where it is a plain dataclass, else None (classes are few and
 #: long-lived; the table is cleared when it grows past ``_CLASSES_KEPT``)
-_SNAP_CLASSES: dict[type, tuple[str, ...] | None] = {}
+_PLAIN_CLASSES: dict[type, tuple[str, ...] | None] = {}
 _CLASSES_KEPT = 1024
 
 
-def _snap_fields(kind: type) -> tuple[str, ...] | None:
+def _plain_fields(kind: type) -> tuple[str, ...] | None:
     try:
-        return _SNAP_CLASSES[kind]
+        return _PLAIN_CLASSES[kind]
     except KeyError:
         pass
-    except Exception:  # noqa: BLE001 - an unhashable class: not snapshotted
+    except Exception:  # noqa: BLE001 - an unhashable class: the walk decides
         return None
     try:
         names = dataclass_field_names(kind) if dataclasses.is_dataclass(kind) and \
             _plain_dataclass(kind) else None
     except Exception:  # noqa: BLE001 - a class that lies about its fields: the walk decides
         names = None
-    if len(_SNAP_CLASSES) >= _CLASSES_KEPT:
-        _SNAP_CLASSES.clear()
-    _SNAP_CLASSES[kind] = names
+    if len(_PLAIN_CLASSES) >= _CLASSES_KEPT:
+        _PLAIN_CLASSES.clear()
+    _PLAIN_CLASSES[kind] = names
     return names
-
-
-def snapshot(value: Any) -> tuple[int, Any, int] | None:
-    """A copy of ``value`` that renders (``to_payload``) exactly as ``value`` renders now, as
-    (how it is held, what is held: see ``restore``, about the bytes it holds); None where no
-    such copy is cheap (then render at once).
-
-    Only exact dicts, lists and tuples of str, int, float, bool, None and bytes are copied
-    (``marshal``, at C speed: the same types, values and order), and plain dataclasses of them
-    (their fields, as the walk reads them). Anything else (objects, numpy, pydantic, enums,
-    sets, subclasses), a list over ``SNAPSHOT_LIST`` items, over ``SNAPSHOT_NODES`` items in
-    all, a string over ``SNAPSHOT_STR``, deeper than ``MAX_DEPTH``, or a field that raises:
-    None. Nothing is called on a user object but the reads of a dataclass's fields."""
-    kind = type(value)
-    if kind in _SNAP_LEAVES:
-        if (kind is str or kind is bytes) and len(value) > SNAPSHOT_STR:
-            return None
-        return SNAP_SAME, value, len(value) if kind is str or kind is bytes else 8
-    state = _State()
-    try:
-        value = _prep(value, 0, state)
-        data = marshal.dumps(value)
-    except Exception:  # noqa: BLE001 - _NoSnapshot, a field that raised: render at once
-        return None
-    return SNAP_TAGGED if state.tagged else SNAP_MARSHAL, data, len(data)
-
-
-class _State:
-    __slots__ = ("count", "tagged")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.tagged = False
-
-
-def _prep(obj: Any, depth: int, state: _State) -> Any:
-    """``obj`` as ``marshal`` takes it (plain dataclasses tagged; containers holding one
-    rebuilt, the rest as they are), checked against ``snapshot``'s bounds."""
-    if depth >= MAX_DEPTH:
-        raise _NoSnapshot
-    kind = type(obj)
-    if kind is dict:
-        items: Any = obj.values()
-        if not set(map(type, obj)) <= _SNAP_LEAVES:  # keys (a tuple key: at once)
-            raise _NoSnapshot
-    elif kind is list or kind is tuple:
-        items = obj
-    else:
-        names = _snap_fields(kind)
-        if names is None:
-            raise _NoSnapshot
-        state.tagged = True
-        values = tuple([object.__getattribute__(obj, name) for name in names])
-        return (_TAG, names, _prep(values, depth + 1, state))
-    size = len(obj)
-    state.count += size + 1
-    if size > SNAPSHOT_LIST or state.count > SNAPSHOT_NODES:
-        raise _NoSnapshot
-    kinds = set(map(type, items))  # at C speed
-    if str in kinds or bytes in kinds:
-        if max(map(len, [item for item in items if type(item) is str or type(item) is bytes])
-               ) > SNAPSHOT_STR:
-            raise _NoSnapshot
-    if kinds <= _SNAP_LEAVES:
-        return obj
-    changed = False
-    out = []
-    for item in items:
-        if type(item) in _SNAP_LEAVES:
-            out.append(item)
-            continue
-        new = _prep(item, depth + 1, state)
-        changed = changed or new is not item
-        out.append(new)
-    if not changed:
-        return obj
-    if kind is dict:
-        return dict(zip(obj, out, strict=True))
-    return out if kind is list else tuple(out)
-
-
-def _untag(obj: Any, depth: int) -> Any:
-    """A loaded snapshot with its tagged dataclasses as ``Fields`` (in place where it can)."""
-    kind = type(obj)
-    if kind is tuple:
-        if len(obj) == 3 and obj[0] == _TAG:
-            return Fields(obj[1], _untag(obj[2], depth + 1))
-        return tuple([_untag(item, depth + 1) for item in obj])
-    if kind is list:
-        for index, item in enumerate(obj):
-            if type(item) in _SNAP_CONTAINERS:
-                obj[index] = _untag(item, depth + 1)
-        return obj
-    if kind is dict:
-        for key, item in obj.items():
-            if type(item) in _SNAP_CONTAINERS:
-                obj[key] = _untag(item, depth + 1)
-        return obj
-    return obj
 
 
 def fast_json(value: Any, max_bytes: int, redact: bool) -> str | None:
@@ -762,8 +609,6 @@ def fast_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     kind = type(value)
     if kind in _PLAIN_CONTAINERS:
         return _plain_json(value, max_bytes, redact)
-    if kind is Fields:
-        return _plain_json(dict(value.pairs), max_bytes, redact)
     if dataclasses.is_dataclass(kind) and _plain_dataclass(kind):
         try:
             fields = {name: object.__getattribute__(value, name)
