@@ -86,11 +86,38 @@ CACHE_GRACE_S = 120.0
 _MAP_COLUMNS = ("ResourceAttributes", "SpanAttributes", "reward_components", "report_counts")
 _IDENTITY = ("step IS NULL AND sample_index IS NULL AND rollout_n IS NULL")
 
+#: the columns of a span row the trajectory model reads (beside ``TraceId``, ``SpanId``), in
+#: the order :data:`DUPLICATE_ORDER` compares them
+_MODEL_COLUMNS = ("ParentSpanId", "SpanName", "start_ns", "Duration", "StatusCode", "experiment",
+                  "project", "step", "sample_index", "rollout_n", "validate", "is_trajectory",
+                  "is_llm", "is_tool", "tool_error", "reward", "eval_score", "eval_label",
+                  "turns", "tokens_in", "tokens_out", "termination", "sampling_reason",
+                  "sampling_weight", "error_text", "finish_reason", "policy_version")
+#: which copy of a span stored twice (the same ``TraceId`` and ``SpanId``) the trajectory model
+#: reads, when the copies disagree (a replayed spool, a span re-exported after a change): the
+#: first by this order, whatever the order of the files and lines. The one that ended later
+#: (``Timestamp`` + ``Duration``; a copy without an end after one with it), then the more
+#: complete (more of the model's columns not NULL), then the smaller value of each column in
+#: :data:`_MODEL_COLUMNS` order and of the text columns (NULL last): copies that tie on all of
+#: it are the same to every reader. ``{t}``: the text columns' terms (or nothing).
+DUPLICATE_ORDER = ("(start_ns::HUGEINT + Duration) DESC NULLS LAST, ("
+                   + " + ".join(f"({c} IS NOT NULL)::INTEGER" for c in _MODEL_COLUMNS)
+                   + ") DESC, " + ", ".join(f"{c} NULLS LAST" for c in _MODEL_COLUMNS) + "{t}")
+#: the order of the copies of a sampling report stored twice (the first is read): the one
+#: with more counts, then by its counts' text, experiment, validate, step
+REPORT_ORDER = ("TraceId, SpanId, cardinality(report_counts) DESC NULLS LAST, "
+                "report_counts::VARCHAR NULLS LAST, experiment NULLS LAST, validate NULLS LAST, "
+                "step NULLS LAST")
+#: ties between spans of one trajectory in ``arg_min`` / ``arg_max`` by start time: by span id
+_BY_START = "CASE WHEN start_ns IS NOT NULL THEN (start_ns, SpanId) END"
+
 #: the trajectory model in SQL (over the ``spans`` view), with the marks
-#: :func:`trajectories_sql` fills
+#: :func:`trajectories_sql` fills. A span stored twice is read once (``r`` -> ``s``): the
+#: spans stored once as they are, the copies of the others by :data:`DUPLICATE_ORDER` (only
+#: those few are sorted)
 _TRAJECTORIES_TEMPLATE = f"""
-WITH s AS (
-    SELECT DISTINCT ON (TraceId, SpanId)
+WITH r AS MATERIALIZED (
+    SELECT
         TraceId, SpanId, ParentSpanId, SpanName, epoch_ns(Timestamp) AS start_ns, Duration,
         StatusCode, experiment, project, step, sample_index, rollout_n, validate,
         is_trajectory, is_llm, is_tool, tool_error, reward, eval_score, eval_label, turns,
@@ -101,38 +128,42 @@ WITH s AS (
                             coalesce(step::VARCHAR, '~'), coalesce(sample_index::VARCHAR, '~'),
                             coalesce(rollout_n::VARCHAR, '~')) END AS k
     FROM __SOURCE__ WHERE NOT is_report),
+d AS (SELECT TraceId, SpanId FROM r GROUP BY TraceId, SpanId HAVING count(*) > 1),
+s AS (SELECT * FROM r ANTI JOIN d USING (TraceId, SpanId) UNION ALL
+      SELECT * FROM (SELECT DISTINCT ON (TraceId, SpanId) * FROM r SEMI JOIN d
+                     USING (TraceId, SpanId) ORDER BY TraceId, SpanId, __DUPLICATE_ORDER__)),
 g AS (SELECT TraceId, count(DISTINCT k) AS nk, min(k) AS k1 FROM s GROUP BY TraceId),
 a AS (SELECT s.*, coalesce(s.k, CASE WHEN g.nk = 1 THEN g.k1 WHEN g.nk = 0 THEN '' END) AS tk
       FROM s JOIN g USING (TraceId)),
 t AS (
     SELECT TraceId AS trace_id,
         coalesce(min(SpanId) FILTER (WHERE is_trajectory), '') AS span_id,
-        coalesce(min(SpanName) FILTER (WHERE is_trajectory), arg_min(SpanName, start_ns))
+        coalesce(min(SpanName) FILTER (WHERE is_trajectory), arg_min(SpanName, {_BY_START}))
             AS name,
         coalesce(min(project) FILTER (WHERE is_trajectory),
-                 arg_min(project, start_ns) FILTER (WHERE project IS NOT NULL)) AS project,
+                 arg_min(project, {_BY_START}) FILTER (WHERE project IS NOT NULL)) AS project,
         coalesce(min(experiment) FILTER (WHERE is_trajectory),
-                 arg_min(experiment, start_ns) FILTER (WHERE experiment IS NOT NULL))
+                 arg_min(experiment, {_BY_START}) FILTER (WHERE experiment IS NOT NULL))
             AS experiment,
         coalesce(min(step) FILTER (WHERE is_trajectory),
-                 arg_min(step, start_ns) FILTER (WHERE step IS NOT NULL)) AS step,
+                 arg_min(step, {_BY_START}) FILTER (WHERE step IS NOT NULL)) AS step,
         coalesce(min(sample_index) FILTER (WHERE is_trajectory),
-                 arg_min(sample_index, start_ns) FILTER (WHERE sample_index IS NOT NULL))
+                 arg_min(sample_index, {_BY_START}) FILTER (WHERE sample_index IS NOT NULL))
             AS sample_index,
         coalesce(min(rollout_n) FILTER (WHERE is_trajectory),
-                 arg_min(rollout_n, start_ns) FILTER (WHERE rollout_n IS NOT NULL))
+                 arg_min(rollout_n, {_BY_START}) FILTER (WHERE rollout_n IS NOT NULL))
             AS rollout_n,
         coalesce(bool_or(validate) FILTER (WHERE is_trajectory),
-                 arg_min(validate, start_ns) FILTER (WHERE validate IS NOT NULL)) AS validate,
+                 arg_min(validate, {_BY_START}) FILTER (WHERE validate IS NOT NULL)) AS validate,
         coalesce(min(reward) FILTER (WHERE is_trajectory),
-                 arg_min(reward, start_ns) FILTER (WHERE reward IS NOT NULL),
-                 arg_min(eval_score, start_ns) FILTER (WHERE eval_score IS NOT NULL)) AS reward,
-        arg_min(eval_label, start_ns) FILTER (WHERE eval_label IS NOT NULL) AS reward_label,
+                 arg_min(reward, {_BY_START}) FILTER (WHERE reward IS NOT NULL),
+                 arg_min(eval_score, {_BY_START}) FILTER (WHERE eval_score IS NOT NULL)) AS reward,
+        arg_min(eval_label, {_BY_START}) FILTER (WHERE eval_label IS NOT NULL) AS reward_label,
         CASE WHEN bool_or(is_trajectory) THEN coalesce(
             min(sampling_weight) FILTER (WHERE is_trajectory AND sampling_weight >= 0), 1.0)
              ELSE 0.0 END AS weight,
         coalesce(min(turns) FILTER (WHERE is_trajectory),
-                 arg_min(turns, start_ns) FILTER (WHERE turns IS NOT NULL)) AS turns,
+                 arg_min(turns, {_BY_START}) FILTER (WHERE turns IS NOT NULL)) AS turns,
         count(*) AS spans,
         count(*) FILTER (WHERE is_llm) AS llm_calls,
         least(coalesce(sum(tokens_in) FILTER (WHERE is_llm), 0), {_MAX})::BIGINT AS tokens_in,
@@ -140,7 +171,7 @@ t AS (
         count(*) FILTER (WHERE is_tool) AS tool_calls,
         count(*) FILTER (WHERE tool_error) AS tool_errors,
         count(*) FILTER (WHERE StatusCode = 'Error') AS errors,
-        arg_min(error_text, start_ns) FILTER (WHERE error_text IS NOT NULL) AS error,
+        arg_min(error_text, {_BY_START}) FILTER (WHERE error_text IS NOT NULL) AS error,
         coalesce(min(start_ns) FILTER (WHERE is_trajectory), min(start_ns)) AS start_ns,
         coalesce(min(start_ns::HUGEINT + Duration) FILTER (WHERE is_trajectory),
                  max(start_ns::HUGEINT + Duration)) AS end_ns,
@@ -148,12 +179,12 @@ t AS (
         bool_or(is_trajectory) AS rooted,
         min(sampling_reason) FILTER (WHERE is_trajectory) AS sampling_reason,
         coalesce(min(termination) FILTER (WHERE is_trajectory),
-                 arg_min(termination, start_ns) FILTER (WHERE termination IS NOT NULL))
+                 arg_min(termination, {_BY_START}) FILTER (WHERE termination IS NOT NULL))
             AS termination,
-        arg_max(finish_reason, start_ns) FILTER (WHERE is_llm AND finish_reason IS NOT NULL)
+        arg_max(finish_reason, {_BY_START}) FILTER (WHERE is_llm AND finish_reason IS NOT NULL)
             AS finish_reason,
         coalesce(min(policy_version) FILTER (WHERE is_trajectory),
-                 arg_min(policy_version, start_ns) FILTER (WHERE policy_version IS NOT NULL))
+                 arg_min(policy_version, {_BY_START}) FILTER (WHERE policy_version IS NOT NULL))
             AS policy_version__TEXT_T__
     FROM a WHERE tk IS NOT NULL GROUP BY TraceId, tk)
 SELECT trace_id || ':' || span_id AS key, trace_id, span_id, name, project, experiment, step,
@@ -190,7 +221,10 @@ _TEXT_F = (", " + _SNIPPET_SQL.format(c="text_prompt") + " AS prompt, "
 def trajectories_sql(source: str = "spans", *, texts: bool = False) -> str:
     """:data:`TRAJECTORIES_SQL` over another relation of span rows (``texts``: with the
     viewer's :data:`TEXT_COLUMNS` too, from the spans' ``text_*`` columns)."""
-    sql = _TRAJECTORIES_TEMPLATE.replace("__SOURCE__", source)
+    sql = _TRAJECTORIES_TEMPLATE.replace("__SOURCE__", source).replace(
+        "__DUPLICATE_ORDER__", DUPLICATE_ORDER.format(
+            t="".join(f", {c} NULLS LAST" for c in _TEXT_S.strip(", ").split(", ")) if texts
+            else ""))
     for mark, text in (("__TEXT_S__", _TEXT_S), ("__TEXT_T__", _TEXT_T),
                        ("__TEXT_F__", _TEXT_F)):
         sql = sql.replace(mark, text if texts else "")
@@ -403,7 +437,7 @@ def write_trajectory_cache(lake: str, manifest: Manifest, new_spans: pa.Table | 
             create_views(con, segments, [], excluded)
             rows_sql = trajectories_sql("segment_spans", texts=True)
             reports_sql = (f"SELECT DISTINCT ON (TraceId, SpanId) {_REPORT_COLUMNS} FROM "
-                           "segment_spans WHERE is_report")
+                           f"segment_spans WHERE is_report ORDER BY {REPORT_ORDER}")
         else:
             runs0, old_count, excluded0 = before
             old = segments[:old_count]
@@ -437,13 +471,13 @@ def write_trajectory_cache(lake: str, manifest: Manifest, new_spans: pa.Table | 
                 reports_sql = (f"SELECT DISTINCT ON (TraceId, SpanId) * FROM (SELECT * FROM "
                                f"read_parquet({reports0}, hive_partitioning = false) UNION ALL "
                                f"SELECT {_REPORT_COLUMNS} FROM new_spans WHERE is_report"
-                               f"{where.replace(' WHERE', ' AND')})")
+                               f"{where.replace(' WHERE', ' AND')}) ORDER BY {REPORT_ORDER}")
             else:
                 con.execute(f"CREATE TEMP VIEW cache_source AS {fresh}" + (
                     f" UNION ALL SELECT {names} FROM segment_spans" if old else ""))
                 rows_sql = trajectories_sql("cache_source", texts=True)
                 reports_sql = (f"SELECT DISTINCT ON (TraceId, SpanId) {_REPORT_COLUMNS} FROM "
-                               "cache_source WHERE is_report")
+                               f"cache_source WHERE is_report ORDER BY {REPORT_ORDER}")
         final = cache_path(lake, manifest.runs)
         os.makedirs(os.path.dirname(final), exist_ok=True)
         tmp = os.path.join(lake, "tmp", f"cache-{os.getpid()}-{manifest.runs}.parquet")
@@ -722,7 +756,8 @@ class Lake:
         """The workers' ``otel_verl.sampling_report`` counts summed per step."""
         totals: dict[tuple[Any, Any, Any], dict[str, int]] = {}
         for row in self.rows("SELECT DISTINCT ON (TraceId, SpanId) experiment, validate, step, "
-                             "report_counts FROM reports", spans=not self.state.cached):
+                             f"report_counts FROM reports ORDER BY {REPORT_ORDER}",
+                             spans=not self.state.cached):
             exp, validate, step, counts = row.values()
             into = totals.setdefault((exp, validate, step), {})
             for name, value in (counts or {}).items():
