@@ -425,16 +425,15 @@ def input_messages_attrs(messages: Sequence[Mapping[str, Any]],
     if step is None:
         return {semconv.GEN_AI_INPUT_MESSAGES: payload_json(convert(messages))}
     config = runtime.config
-    if step.pending:
+    if isinstance(step, _content.PendingStep):
         span = otel_trace.get_current_span()  # the call's own span (``_llm_request``)
         traj.content[_pending_messages_key(span)] = step
+        # a head of it goes on the span when the call ends (``settle_messages``; the whole is
+        # in the store, as a rule), rendered with the hash, off the loop: the conversation's
+        # O(cap) walk is not on the loop either
+        step.after = _MessagesHead(convert, step.delta, options.inline_bytes, config.redact)
         _content.defer(step, content_store(runtime).bound())
-        return {  # a head of it on the span (the whole is in the store, as a rule)
-            semconv.GEN_AI_INPUT_MESSAGES: to_payload(convert(step.delta),
-                                                      max_bytes=options.inline_bytes,
-                                                      redact=config.redact).json,
-            semconv.CONTENT_MESSAGES_LEN: step.length,
-        }
+        return {semconv.CONTENT_MESSAGES_LEN: step.length}
     chain.finish(step.id, step.length, None, None)  # the answer comes back in the next prompt
     stored = content_store(runtime).put(_content.KIND_MESSAGES, step)
     # a large delta is in the store: the span shows a head of it (``content_inline_bytes``)
@@ -451,6 +450,29 @@ def input_messages_attrs(messages: Sequence[Mapping[str, Any]],
     return attrs
 
 
+class _MessagesHead:
+    """``gen_ai.input.messages`` of a call whose whole conversation is hashed off the loop: a
+    head of it (``content_inline_bytes``), rendered where the hash is (``PendingStep.after``).
+    Never raises (``to_payload`` does not; a failing ``convert`` leaves no attribute)."""
+
+    __slots__ = ("convert", "delta", "limit", "redact")
+
+    def __init__(self, convert: Callable[[Sequence[Mapping[str, Any]]], Any],
+                 delta: list[Any], limit: int, redact: bool) -> None:
+        self.convert = convert
+        self.delta = delta
+        self.limit = limit
+        self.redact = redact
+
+    def __call__(self) -> str | None:
+        try:
+            return to_payload(self.convert(self.delta), max_bytes=self.limit,
+                              redact=self.redact).json
+        except Exception as exc:  # noqa: BLE001 - the call's result stands
+            _errors.internal_error(exc, "gen_ai.input.messages")
+            return None
+
+
 #: the key (in the trajectory's content dict) of a call's messages hashed off the loop
 _PENDING_MESSAGES = "_pending_messages:"
 
@@ -461,7 +483,8 @@ def _pending_messages_key(span: Any) -> str:
 
 def settle_messages(span: Span) -> dict[str, Any]:
     """At the end (or failure) of a call whose ``gen_ai.input.messages`` were hashed off the
-    loop: ``otel_verl.content.messages_id`` and ``messages_stored``. ``{}`` for any other
+    loop: a head of them (``gen_ai.input.messages``), ``otel_verl.content.messages_id`` and
+    ``messages_stored``. ``{}`` for any other
     call (O(1): one dict lookup)."""
     traj = TRAJECTORY.get()
     if traj is None or not traj.content:
@@ -469,10 +492,16 @@ def settle_messages(span: Span) -> dict[str, Any]:
     step = traj.content.pop(_pending_messages_key(span), None)
     if step is None:
         return {}
-    if not step.resolve():
-        return {semconv.CONTENT_MESSAGES_STORED: "missing"}
-    return {semconv.CONTENT_MESSAGES_ID: step.id,
-            semconv.CONTENT_MESSAGES_STORED: step.stored or "missing"}
+    resolved = step.resolve()
+    attrs: dict[str, Any] = {}
+    if type(step.after_value) is str:  # the head, rendered with the hash
+        attrs[semconv.GEN_AI_INPUT_MESSAGES] = step.after_value
+    if not resolved:
+        attrs[semconv.CONTENT_MESSAGES_STORED] = "missing"
+        return attrs
+    attrs[semconv.CONTENT_MESSAGES_ID] = step.id
+    attrs[semconv.CONTENT_MESSAGES_STORED] = step.stored or "missing"
+    return attrs
 
 
 def content_outputs(span: Span, output: Any) -> dict[str, Any]:

@@ -237,8 +237,8 @@ class PendingStep(Step):
     never change. Resolving also stores the node (``store.put``): ``stored`` says how it went.
     """
 
-    __slots__ = ("_done", "_kind", "_lock", "head_bytes", "root_span", "source", "store",
-                 "stored")
+    __slots__ = ("_done", "_kind", "_lock", "after", "after_value", "head_bytes", "root_span",
+                 "source", "store", "stored")
 
     pending = True
 
@@ -252,6 +252,10 @@ class PendingStep(Step):
         self.stored: str | None = None
         #: the trajectory span that takes this prompt's id (``otel_verl.content.prompt_id``)
         self.root_span: Any = None
+        #: more work that waits for this prompt, done where it is resolved (off the loop, as a
+        #: rule): ``after_value = after()`` (e.g. the preview of turn 1's messages on the span)
+        self.after: Any = None
+        self.after_value: Any = None
         self._lock = threading.Lock()
         self._done = False
 
@@ -262,6 +266,9 @@ class PendingStep(Step):
             with self._lock:
                 if not self._done:
                     self._compute()
+                    after, self.after = self.after, None
+                    if after is not None:  # (never raises: ``_capture._MessagesHead``)
+                        self.after_value = after()
                     self._done = True
         return self.id is not None
 
