@@ -14,6 +14,8 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
+from otel_verl.semconv import OTEL_VERL_TRAJECTORY_CHILD
+
 __all__ = ["TRAJECTORY", "Trajectory", "current_trajectory_attrs"]
 
 
@@ -28,15 +30,27 @@ class Trajectory:
     provisional: bool = False
     #: per-turn content chains by input field (``otel_verl._content``; mutable, per trajectory)
     content: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: what ``current_trajectory_attrs`` returns, made once per trajectory (not once per span)
+    tag: tuple[Mapping[str, Any], int | None, Mapping[str, Any]] | None = dataclasses.field(
+        default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.enabled:
+            span_id = self.span.get_span_context().span_id if self.span is not None else None
+            object.__setattr__(self, "tag", (
+                self.attrs, span_id, {**self.attrs, OTEL_VERL_TRAJECTORY_CHILD: True}))
 
 
 TRAJECTORY: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(
     "otel_verl_trajectory", default=None)
 
 
-def current_trajectory_attrs() -> tuple[Mapping[str, Any], int | None] | None:
-    """(attributes, trajectory span id) of the current recorded trajectory, else None."""
+def current_trajectory_attrs(
+) -> tuple[Mapping[str, Any], int | None, Mapping[str, Any]] | None:
+    """(attributes, trajectory span id, the attributes of its direct children: the same plus
+    ``otel_verl.trajectory_child``) of the current recorded trajectory, else None; the same
+    tuple for every span of a trajectory."""
     traj = TRAJECTORY.get()
-    if traj is None or not traj.enabled:
+    if traj is None:
         return None
-    return traj.attrs, (traj.span.get_span_context().span_id if traj.span is not None else None)
+    return traj.tag

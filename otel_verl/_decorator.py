@@ -26,8 +26,6 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, _policy, semconv
@@ -40,12 +38,14 @@ from otel_verl._capture import (
     token_texts,
 )
 from otel_verl._hotpath import (
+    attach_span,
     attribute_map,
     clean_attributes,
     is_current,
     merge_clean,
     start_span,
 )
+from otel_verl._hotpath import detach as detach_context
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 from otel_verl._trajectory import Outcome, current_outcome
 from otel_verl.exporters._scrub import fix_surrogates
@@ -226,7 +226,7 @@ class _OpCall:
             # the trajectory attributes (TrajectoryAttributesProcessor), not the op's own
             span = start_span(runtime.tracer, spec.name, spec.span_kind)  # a LightSpan
             merge_clean(span, clean_attributes(attrs))
-            token = otel_context.attach(otel_trace.set_span_in_context(span))
+            token = attach_span(span)
         except Exception as exc:
             _errors.internal_error(exc, f"starting span {spec.name}")
             return None
@@ -241,12 +241,12 @@ class _OpCall:
     def detach(self) -> None:
         """Stop being the current span (generators re-enter with ``step_context``)."""
         if self.token is not None:
-            otel_context.detach(self.token)
+            detach_context(self.token)
             self.token = None
 
     def step_context(self) -> Any:
         """Make the span current for one step of a generator; detach the returned token."""
-        return otel_context.attach(otel_trace.set_span_in_context(self.span))
+        return attach_span(self.span)
 
     def run_after(self, result: Any) -> None:
         """The ``after`` hook, while the span is still current (never raises)."""
@@ -361,14 +361,14 @@ def _gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
             try:
                 item = gen.throw(pending) if pending is not None else gen.send(to_send)
             except StopIteration as stop:
-                otel_context.detach(token)
+                detach_context(token)
                 call.end(items if stop.value is None else stop.value)
                 return stop.value
             except BaseException as exc:
-                otel_context.detach(token)
+                detach_context(token)
                 call.fail(exc)
                 raise
-            otel_context.detach(token)
+            detach_context(token)
             pending = None
             if len(items) < _MAX_YIELDS_KEPT:
                 items.append(item)
@@ -421,14 +421,14 @@ def _async_gen_wrapper(spec: _OpSpec) -> Callable[..., Any]:
                 item = await (agen.athrow(pending) if pending is not None else
                               agen.asend(to_send))
             except StopAsyncIteration:
-                otel_context.detach(token)
+                detach_context(token)
                 call.end(items)
                 return
             except BaseException as exc:
-                otel_context.detach(token)
+                detach_context(token)
                 call.fail(exc)
                 raise
-            otel_context.detach(token)
+            detach_context(token)
             pending = None
             if len(items) < _MAX_YIELDS_KEPT:
                 items.append(item)

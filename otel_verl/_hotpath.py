@@ -23,6 +23,7 @@ sampler is the default one; anything else takes the tracer's own ``start_span``.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import os
 import threading
@@ -34,6 +35,7 @@ from typing import Any
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context.context import Context
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import ReadableSpan, sampling
@@ -239,7 +241,72 @@ def attribute_map(span: Any) -> Mapping[str, Any]:
 def is_current(span: Any) -> bool:
     """``span`` is the current span (``trace.get_current_span() is span`` for a real span,
     without its ``isinstance`` check through the ``Span`` ABC)."""
+    if context_api._RUNTIME_CONTEXT is _RUNTIME:
+        return _CURRENT.get().get(_SPAN_KEY) is span
     return context_api.get_value(_SPAN_KEY) is span
+
+
+# -- the current span: ``attach(set_span_in_context(span))`` in one step ---------------------------
+#
+# With the API's default runtime context (a ``ContextVar`` holding an immutable ``Context`` dict),
+# ``attach_span`` makes the same new ``Context`` (a copy of the current one with the span under
+# the API's key) and sets it on the same variable: the token is the one ``otel_context.attach``
+# returns, so either ``detach`` resets it. Three Python frames and a temporary dict fewer than
+# the API's path per call. With any other runtime context (``OTEL_PYTHON_CONTEXT``), or an API of
+# another shape (``CONTEXT_FAST_OK``), both are the API's own calls.
+
+
+def _context_fast_ok() -> bool:
+    """The API's runtime context is the contextvars one, and ``attach``/``detach``/``set_value``/
+    ``set_span_in_context`` do exactly what ``attach_span``/``detach`` redo."""
+    try:
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+        runtime = context_api._RUNTIME_CONTEXT
+        return (type(runtime) is ContextVarsRuntimeContext
+                and type(getattr(runtime, "_current_context", None)) is contextvars.ContextVar
+                and set(context_api.attach.__code__.co_names) == {"_RUNTIME_CONTEXT", "attach"}
+                and set(context_api.detach.__code__.co_names) >= {"_RUNTIME_CONTEXT", "detach"}
+                and set(ContextVarsRuntimeContext.attach.__code__.co_names)
+                == {"_current_context", "set"}
+                and set(ContextVarsRuntimeContext.detach.__code__.co_names)
+                == {"_current_context", "reset"}
+                and set(context_api.set_value.__code__.co_names)
+                == {"get_current", "copy", "Context"}
+                and set(trace_api.set_span_in_context.__code__.co_names)
+                == {"set_value", "_SPAN_KEY"}
+                and Context.__init__ is dict.__init__)
+    except Exception:  # noqa: BLE001 - any surprise: the API's own calls
+        return False
+
+
+CONTEXT_FAST_OK = _context_fast_ok()
+#: the runtime context the fast path was checked on (None: never the fast path)
+_RUNTIME: Any = context_api._RUNTIME_CONTEXT if CONTEXT_FAST_OK else None
+_CURRENT: Any = getattr(_RUNTIME, "_current_context", None)
+_dict_set = dict.__setitem__
+
+
+def attach_span(span: Any) -> Any:
+    """``otel_context.attach(trace.set_span_in_context(span))``: ``span`` current from now on;
+    returns the token for ``detach``."""
+    if context_api._RUNTIME_CONTEXT is _RUNTIME:
+        context = Context(_CURRENT.get())
+        _dict_set(context, _SPAN_KEY, span)
+        return _CURRENT.set(context)
+    return context_api.attach(trace_api.set_span_in_context(span))
+
+
+def detach(token: Any) -> None:
+    """``otel_context.detach(token)`` (never raises: a token that cannot be reset here is
+    logged by the API, as its own ``detach`` does)."""
+    if context_api._RUNTIME_CONTEXT is _RUNTIME:
+        try:
+            _CURRENT.reset(token)
+            return
+        except Exception:  # noqa: BLE001, S110 - the API's detach logs it, as it would have
+            pass
+    context_api.detach(token)
 
 
 def compact(span: ReadableSpan) -> ReadableSpan:
@@ -333,6 +400,11 @@ _START_SPAN_NAMES = frozenset({
     "is_recording", "is_sampled", "is_trace_id_random", "is_valid", "isinstance",
     "random_trace_id", "resource", "sampler", "should_sample", "span_processor", "start",
     "start_span", "trace_api", "trace_flags", "trace_id", "trace_state"})
+#: what ``Span.end`` does (names it uses), as ``LightSpan.end`` redoes it
+_SPAN_END_NAMES = frozenset({
+    "RuntimeError", "_attributes", "_end_time", "_immutable", "_lock", "_on_ending",
+    "_readable_span", "_record_end_metrics", "_span_processor", "_start_time", "logger",
+    "on_end", "time_ns", "warning"})
 _SPAN_START_NAMES = frozenset({"_lock", "_span_processor", "_start_time", "logger", "on_start",
                                "time_ns", "warning"})
 
@@ -343,6 +415,36 @@ _sdk_log = sdk_trace.logger  # the SDK's own logger: the same warnings from the 
 _LOCK = threading.RLock()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_LOCK._at_fork_reinit)  # type: ignore[attr-defined]
+
+_tuple_new = tuple.__new__
+_TRACE_ID_MAX = 2**128 - 1
+_SPAN_ID_MAX = 2**64 - 1
+
+
+def _context_tuple_ok() -> bool:
+    """``SpanContext.__new__`` is the one ``start_span`` redoes (the same tuple, and the same
+    names used), so a context built as that tuple equals the constructor's, field by field."""
+    try:
+        names = set(SpanContext.__new__.__code__.co_names)
+        if names != {"DEFAULT_TRACE_OPTIONS", "DEFAULT_TRACE_STATE", "INVALID_TRACE_ID",
+                     "INVALID_SPAN_ID", "_TRACE_ID_MAX_VALUE", "_SPAN_ID_MAX_VALUE", "tuple",
+                     "__new__"}:
+            return False
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        for trace_id, span_id in ((1, 2), (2**128 - 1, 2**64 - 1), (0, 5), (2**128, 3)):
+            theirs = SpanContext(trace_id, span_id, False, flags, None)
+            ours = _tuple_new(SpanContext, (trace_id, span_id, False, flags, theirs.trace_state,
+                                            0 < trace_id <= _TRACE_ID_MAX
+                                            and 0 < span_id <= _SPAN_ID_MAX))
+            if tuple(ours) != tuple(theirs) or ours.is_valid is not theirs.is_valid:
+                return False
+        return True
+    except Exception:  # noqa: BLE001 - any surprise: the constructor
+        return False
+
+
+CONTEXT_TUPLE_OK = _context_tuple_ok()
+_DEFAULT_TRACE_STATE = SpanContext(1, 1, False).trace_state
 
 _FLAGS = (TraceFlags(TraceFlags.SAMPLED),
           TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID))
@@ -355,6 +457,7 @@ class LightSpan(_SDK_SPAN_TYPE):
 
     _events: Any
     _links: Any
+    _end_time: Any
     #: holds ``Deferred`` attribute values (``merge_deferred``)
     _deferred = False
 
@@ -363,6 +466,32 @@ class LightSpan(_SDK_SPAN_TYPE):
         if self._deferred:
             resolve_live(self)
         return super().attributes
+
+    def end(self, end_time: int | None = None) -> None:
+        """The SDK's ``Span.end`` (same checks, warning, order of hooks), calling only the
+        processors that do something at the end (``_hooks``)."""
+        with self._lock:
+            if self._start_time is None:
+                raise RuntimeError("Calling end() on a not started span.")
+            if self._end_time is not None:
+                _sdk_log.warning("Calling end() on an ended span.")
+                return
+            self._end_time = end_time if end_time is not None else time_ns()
+            self._attributes._immutable = True
+        if self._record_end_metrics:
+            self._record_end_metrics()
+        processor = self._span_processor
+        hooks = _hooks(processor)
+        if hooks is None:
+            processor._on_ending(self)
+            processor.on_end(self._readable_span())
+            return
+        for each in hooks[2]:
+            each._on_ending(self)
+        if hooks[3]:
+            readable = self._readable_span()
+            for each in hooks[3]:
+                each.on_end(readable)
 
     def _add_event(self, event: Any) -> None:
         with self._lock:
@@ -404,6 +533,52 @@ class LightSpan(_SDK_SPAN_TYPE):
 
 
 _SPAN_TYPES = (_SDK_SPAN_TYPE, LightSpan)
+
+# -- the processors' hooks, without the SDK's no-ops ---------------------------------------------
+#
+# The tracer's processor is the SDK's ``SynchronousMultiSpanProcessor``: it calls ``on_start``,
+# ``_on_ending`` and ``on_end`` of each processor in turn, most of them the SDK's no-ops (the
+# trajectory processor has no end, the batch processor no start). A light span calls the same
+# processors in the same order, leaving out those whose hook is the SDK base class's own.
+
+_MULTI: Any = getattr(sdk_trace, "SynchronousMultiSpanProcessor", None)
+_BASE_HOOKS = {name: getattr(sdk_trace.SpanProcessor, name, None)
+               for name in ("on_start", "_on_ending", "on_end")}
+
+
+def _multi_ok() -> bool:
+    """The SDK's multi processor loops over ``_span_processors`` calling each hook."""
+    try:
+        return all(set(getattr(_MULTI, name).__code__.co_names) == {"_span_processors", name}
+                   for name in _BASE_HOOKS) and all(_BASE_HOOKS.values())
+    except Exception:  # noqa: BLE001 - any surprise: the multi processor's own loop
+        return False
+
+
+_MULTI_OK = _multi_ok()
+#: id(multi processor) -> (its processors tuple, then those with a start, an ending, an end)
+_HOOKS: dict[int, tuple[Any, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]] = {}
+
+
+def _hooks(processor: Any) -> tuple[Any, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None:
+    """The processors behind the tracer's multi processor that have each hook (the tuple the
+    SDK replaces when a processor is added is the cache's key); None for another processor."""
+    if type(processor) is not _MULTI or not _MULTI_OK:
+        return None
+    processors = processor._span_processors
+    entry = _HOOKS.get(id(processor))
+    if entry is not None and entry[0] is processors:
+        return entry
+
+    def having(name: str) -> tuple[Any, ...]:
+        return tuple(p for p in processors if getattr(type(p), name, None) is not
+                     _BASE_HOOKS[name] or name in getattr(p, "__dict__", ()))
+
+    entry = (processors, having("on_start"), having("_on_ending"), having("on_end"))
+    if len(_HOOKS) > 64:  # providers come and go (tests): keep a few
+        _HOOKS.clear()
+    _HOOKS[id(processor)] = entry
+    return entry
 
 
 class _Starter:
@@ -458,7 +633,8 @@ def start_span(tracer: Any, name: str, kind: SpanKind = SpanKind.INTERNAL,
     if starter is None or tracer.sampler is not starter.sampler or \
             not tracer._tracer_config.is_enabled:
         return tracer.start_span(name, kind=kind, attributes=attributes)
-    current: Any = context_api.get_value(_SPAN_KEY)
+    current: Any = _CURRENT.get().get(_SPAN_KEY) if context_api._RUNTIME_CONTEXT is _RUNTIME \
+        else context_api.get_value(_SPAN_KEY)
     if current is None:
         parent = None
     elif type(current) in _SPAN_TYPES:
@@ -468,20 +644,34 @@ def start_span(tracer: Any, name: str, kind: SpanKind = SpanKind.INTERNAL,
         if parent is not None and type(parent) is not SpanContext:
             return tracer.start_span(name, kind=kind, attributes=attributes)
     id_generator = tracer.id_generator
-    if parent is None or not parent.is_valid:
+    if type(parent) is SpanContext and parent[5]:  # (trace id, span id, remote, flags, state, valid)
+        flags = parent[3]
+        if starter.parent_based and not flags & TraceFlags.SAMPLED:
+            return tracer.start_span(name, kind=kind, attributes=attributes)
+        trace_id = parent[0]
+        trace_state = parent[4]
+        random_id = flags & TraceFlags.RANDOM_TRACE_ID
+    elif parent is None or not parent.is_valid:
         parent = None
         trace_id = id_generator.generate_trace_id()
         trace_state = None
         random_id = id_generator.is_trace_id_random()
-    else:
+    else:  # a valid parent context of a subclass: through its properties
         flags = parent.trace_flags
         if starter.parent_based and not flags.sampled:
             return tracer.start_span(name, kind=kind, attributes=attributes)
         trace_id = parent.trace_id
         trace_state = parent.trace_state
         random_id = flags.random_trace_id
-    context = SpanContext(trace_id, id_generator.generate_span_id(), False,
-                          _FLAGS[1 if random_id else 0], trace_state)
+    span_id = id_generator.generate_span_id()
+    if CONTEXT_TUPLE_OK:  # ``SpanContext(...)`` without its Python ``__new__`` frame
+        context = _tuple_new(SpanContext, (
+            trace_id, span_id, False, _FLAGS[1 if random_id else 0],
+            _DEFAULT_TRACE_STATE if trace_state is None else trace_state,
+            0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX))
+    else:
+        context = SpanContext(trace_id, span_id, False, _FLAGS[1 if random_id else 0],
+                              trace_state)
     record_end_metrics = tracer._tracer_metrics.start_span(parent, _RECORD)
     limits = tracer._span_limits
     maxlen = limits.max_span_attributes
@@ -522,7 +712,12 @@ def start_span(tracer: Any, name: str, kind: SpanKind = SpanKind.INTERNAL,
     span._lock = _LOCK
     span._record_end_metrics = record_end_metrics
     span._start_time = time_ns()
-    processor.on_start(span, parent_context=None)
+    hooks = _hooks(processor)
+    if hooks is None:
+        processor.on_start(span, parent_context=None)
+    else:
+        for each in hooks[1]:
+            each.on_start(span, parent_context=None)
     return span
 
 
@@ -541,6 +736,8 @@ def _light_span_ok() -> bool:
                 set(sdk_trace.Span.start.__code__.co_names) != _SPAN_START_NAMES:
             return False
         if _users("_events") != _EVENT_USERS or _users("_links") != _LINK_USERS:
+            return False
+        if set(sdk_trace.Span.end.__code__.co_names) != _SPAN_END_NAMES:
             return False
         # a private provider (no exit hook, no metrics; its own sampler: never the one
         # OTEL_TRACES_SAMPLER names, which may not record at all)

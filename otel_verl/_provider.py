@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import random
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -238,7 +238,7 @@ def _otlp_env_headers() -> dict[str, str]:
 
 def build_provider(
     config: TraceConfig,
-    current_trajectory: Callable[[], tuple[Mapping[str, Any], int | None] | None],
+    current_trajectory: Callable[[], tuple[Any, ...] | None],
     exporter: SpanExporter | None = None,
     transform: Callable[[ReadableSpan], ReadableSpan] | None = None,
 ) -> tuple[TracerProvider, SpanExporter, SpanProcessor]:
@@ -246,7 +246,8 @@ def build_provider(
 
     Args:
         config: the resolved configuration (``config.enabled`` must be true).
-        current_trajectory: returns the current trajectory's (attributes, span id), or None.
+        current_trajectory: returns the current trajectory's (attributes, span id[, its direct
+            children's attributes]), or None (``TrajectoryAttributesProcessor``).
         exporter: replaces the backend's exporter (custom sinks; behind the durable log with
             the batch processor unless ``durable=False``).
         transform: applied to every span on the export thread before anything is written or

@@ -37,7 +37,8 @@ from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, _evaluations, semconv
 from otel_verl._capture import record_failure, scrub_text, set_payload
-from otel_verl._hotpath import clean_attributes, start_span
+from otel_verl._hotpath import attach_span, clean_attributes, start_span
+from otel_verl._hotpath import detach as detach_context
 from otel_verl._sampling import normalise_index, sampling_attributes
 from otel_verl._state import STATE, TRAJECTORY, Trajectory
 from otel_verl.exporters._scrub import fix_surrogates
@@ -177,7 +178,7 @@ def rollout_trace_attr(
     previous_context = otel_context.get_current()
     outcome = Outcome()
     outcome_token = _OUTCOME.set(outcome)
-    ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+    ctx_token = attach_span(span)
     try:
         yield span
     except BaseException as exc:
@@ -185,7 +186,7 @@ def rollout_trace_attr(
         raise
     finally:
         if _restore(token, previous):
-            otel_context.detach(ctx_token)
+            detach_context(ctx_token)
             _OUTCOME.reset(outcome_token)
         else:  # exited from another context: the tokens belong to the first one
             otel_context.attach(previous_context)

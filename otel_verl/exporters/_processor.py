@@ -17,12 +17,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context, attach, set_value
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanContext
 
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
@@ -34,6 +35,7 @@ from otel_verl.exporters._spans import (  # estimate_bytes: imported from here t
     suppressed_instrumentation,
     timeout_seconds,
 )
+from otel_verl.semconv import OTEL_VERL_TRAJECTORY_CHILD
 
 #: nudges (``BoundedBatchProcessor.nudge``) closer together than this are merged into one
 MIN_NUDGE_INTERVAL_S = 0.25
@@ -51,30 +53,32 @@ class TrajectoryAttributesProcessor(SpanProcessor):
 
     Args:
         current: returns (trajectory attributes, trajectory span id or None), or None outside a
-            recorded trajectory.
+            recorded trajectory; or a third item, the attributes for the direct children (the
+            same plus ``child_marker``: True), made once per trajectory instead of per span.
         marker: an attribute every trajectory-tagged span has (to skip spans already tagged).
         child_marker: set to True on direct children of the trajectory span.
     """
 
-    def __init__(self, current: Callable[[], tuple[Mapping[str, Any], int | None] | None],
-                 marker: str, child_marker: str) -> None:
+    def __init__(self, current: Callable[[], tuple[Any, ...] | None], marker: str,
+                 child_marker: str) -> None:
         self._current = current
         self._marker = marker
         self._child_marker = child_marker
+        #: the third item of ``current()`` carries this processor's marker
+        self._made_ok = child_marker == OTEL_VERL_TRAJECTORY_CHILD
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         current = self._current()
         if not current or attribute_map(span).get(self._marker) is not None:
             return
-        attrs, trajectory_span_id = current
+        attrs = current[0]
+        trajectory_span_id = current[1]
         parent = span.parent
         if parent is not None and trajectory_span_id is not None and \
                 parent.span_id == trajectory_span_id:
-            attrs = {**attrs, self._child_marker: True}
+            attrs = current[2] if self._made_ok and len(current) > 2 else \
+                {**attrs, self._child_marker: True}
         merge_clean(span, attrs)  # validated once per trajectory (``_hotpath``), one insert
-
-    def on_end(self, span: ReadableSpan) -> None:
-        pass
 
     def shutdown(self) -> None:
         pass
@@ -116,6 +120,8 @@ class BoundedBatchProcessor(SpanProcessor):
         self._delay = max(MIN_SCHEDULE_DELAY_S, float(schedule_delay_s))
         self._transform = transform
         self._counts: collections.Counter[str] = collections.Counter()
+        #: spans queued (``stats()["queued"]``; an int: the one count every span moves)
+        self._queued = 0
         self._last_drop_warning = 0.0
         self._start_worker()
         _AFTER_FORK.add(self)
@@ -138,11 +144,12 @@ class BoundedBatchProcessor(SpanProcessor):
         self._worker.start()
 
     # -- the rollout's side: cheap, never blocks on export --------------------------------------
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
+    # (no ``on_start``: the SDK's no-op, which the light span's dispatch skips)
 
     def on_end(self, span: ReadableSpan) -> None:
-        if not span.context.trace_flags.sampled:
+        context = span._context if type(span) is ReadableSpan else span.context
+        if not (context[3] & 1 if type(context) is SpanContext else  # flags: sampled
+                context is not None and context.trace_flags.sampled):
             return
         if self._stopped:
             self._counts["dropped_after_shutdown"] += 1
@@ -163,12 +170,15 @@ class BoundedBatchProcessor(SpanProcessor):
                              "dropped so far", len(self._queue), self._bytes,
                              self._counts["dropped_queue_full"])
             return
+        queue = self._queue
         self._sizes.append(size)
-        self._queue.append(span)
+        queue.append(span)
         self._bytes += size
-        self._counts["queued"] += 1
-        if self._full() or self._pressed():
-            with self._cond:
+        self._queued += 1
+        held = self._bytes
+        if len(queue) >= self._batch or held >= self._batch_bytes or \
+                held * 2 >= self._max_bytes or len(queue) * 2 >= self._max_queue:
+            with self._cond:  # a full batch, or the queue half full (``_full``, ``_pressed``)
                 self._cond.notify()
 
     # -- the worker ------------------------------------------------------------------------------
@@ -314,6 +324,8 @@ class BoundedBatchProcessor(SpanProcessor):
     def stats(self) -> dict[str, int]:
         """Counts since start (see :mod:`otel_verl.exporters` for every key)."""
         counts = dict(self._counts)
+        if self._queued:
+            counts["queued"] = self._queued
         counts["pending"] = len(self._queue) + self._in_flight
         counts["queue_bytes"] = max(0, self._bytes)
         return counts
@@ -322,6 +334,7 @@ class BoundedBatchProcessor(SpanProcessor):
         # the parent's worker thread does not exist here; spans queued before the fork belong to
         # the parent (which exports them), so the child starts empty
         self._counts = collections.Counter()
+        self._queued = 0
         self._start_worker()
 
 
