@@ -31,6 +31,7 @@ def test_a_later_chains_copy_is_a_list_the_collector_has_promoted():
         assert step is not None and step.resolve()
         gc.collect()  # what a long-lived copy meets: it is promoted to the oldest generation
         del first, step
+        assert _content.wait_idle(10.0)  # a long copy is emptied on the content thread
         second = DeltaChain(KIND_TOKENS)
         prompt = _prompt(2, 6000)
         step = second.begin(prompt, defer_over=defer)
