@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_verl.store import _compact, _index, list_files
+from otel_verl.store import _compact, _record, list_files
 from otel_verl.store._arrowrows import add_stretch
 from otel_verl.store._compact import MANIFEST, compact, decode_range, lake_dir
 from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
@@ -90,12 +90,12 @@ def _counting_arrow(enabled: bool) -> Iterator[None]:
 def _stdlib_payloads() -> Iterator[None]:
     """The viewer's text (``span_texts``) with every payload through the stdlib decoder, as it
     was before orjson decoded them first (the codec's path, the reference, runs this way)."""
-    fast, exact = _index._fast_json, _index._exact_text
-    _index._fast_json, _index._exact_text = _index._json_or_none, str  # type: ignore[assignment]
+    fast, exact = _record._fast_json, _record._exact_text
+    _record._fast_json, _record._exact_text = _record.json_or_none, str  # type: ignore[assignment]
     try:
         yield
     finally:
-        _index._fast_json, _index._exact_text = fast, exact  # type: ignore[assignment]
+        _record._fast_json, _record._exact_text = fast, exact  # type: ignore[assignment]
 
 
 def _decode(paths: list[str], legacy: bool, arrow: bool = True) -> tuple[Any, ...]:
