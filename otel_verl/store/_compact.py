@@ -82,10 +82,17 @@ CHUNK_SPANS = 200_000
 #: one row group; 256 x lz4 reads one in ~1 ms where 2048 x zstd took ~14 ms, for 3x the bytes;
 #: 512 writes in 0.6x the time of 256, and the files are 0.7x the size)
 ROW_GROUP = 512
-#: span columns without min/max statistics: long text no filter prunes by (a statistic holds
-#: the whole min and max value: they made the segments 8 % larger and the writes slower)
-_NO_STATISTICS = frozenset({"text_prompt", "text_response", "text_tool", "StatusMessage",
-                            "error_text", "eval_label"})
+#: the span columns with min/max statistics: those a reader's filter can prune row groups by
+#: (the page's TraceId, an excluded source, the identity, time, kind and status). Random ids,
+#: maps and long text get none (a statistic holds the whole min and max value; with 512-row
+#: groups the statistics of every column were a fifth of the segments' encoding time)
+_STATISTICS = ("TraceId", "Timestamp", "Duration", "SpanName", "SpanKind", "StatusCode",
+               "ServiceName", "experiment", "project", "step", "sample_index", "rollout_n",
+               "validate", "is_trajectory", "is_report", "is_llm", "is_tool", "tool_name",
+               "tool_error", "reward", "source")
+#: span columns dictionary-encoded in the segments: each span carries its resource's map, the
+#: same few maps over and over (36 MB per 100k spans in memory, a few KB encoded so)
+_DICTIONARY = ("ResourceAttributes.key_value.key", "ResourceAttributes.key_value.value")
 #: threads encoding a chunk's segment files (Parquet's writer releases the GIL)
 WRITE_THREADS = 4
 #: a live file is compacted once this much of it is not compacted yet
@@ -453,6 +460,7 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
         _remove_orphans(lake, manifest)
         before = (manifest.runs, len(manifest.segments), list(manifest.excluded))
         kept: list[pa.Table] | None = []  # this run's rows for the cache (None: too many)
+        kept_bytes = 0
         trace_part: dict[str, tuple[Any, Any]] = {}
         work: list[tuple[str, str, int, int, int]] = []  # rel, path, start, stop, gen
         now = time.time()
@@ -481,7 +489,7 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
         chunk = 0
 
         def commit() -> None:
-            nonlocal columns, chunk, kept
+            nonlocal columns, chunk, kept, kept_bytes
             with no_gc():
                 spans = columns.table()
                 written = _write_chunk(lake, columns, f"{run}-{chunk}", trace_part, spans)
@@ -501,7 +509,8 @@ def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
             stats.spans += len(columns)
             if kept is not None:
                 kept.append(spans.select(CACHE_COLUMNS))
-                if sum(t.nbytes for t in kept) > CACHE_KEEP_BYTES:
+                kept_bytes += kept[-1].nbytes  # (nbytes walks every buffer: once per chunk)
+                if kept_bytes > CACHE_KEEP_BYTES:
                     kept = None
             del spans
             pending.clear()
@@ -614,9 +623,7 @@ def _write_chunk(lake: str, columns: Columns, name: str,
                                 sort_keys=[("part", "ascending"), ("trace", "ascending")])
         table = table.take(order)
         part_column = part_column.take(order)
-        statistics: bool | list[str] = True if kind != "spans" else [
-            f.name for f in table.schema
-            if not pa.types.is_nested(f.type) and f.name not in _NO_STATISTICS]
+        statistics: bool | list[str] = True if kind != "spans" else list(_STATISTICS)
         cuts = pc.indices_nonzero(pc.not_equal(part_column.slice(1),
                                                part_column.slice(0, len(part_column) - 1)))
         bounds = [0, *(i + 1 for i in cuts.to_pylist()), len(part_column)]
@@ -640,11 +647,12 @@ def _write_chunk(lake: str, columns: Columns, name: str,
 
 def _write_segment(table: pa.Table, kind: str, statistics: bool | list[str], path: str) -> None:
     """One segment file, written and synced."""
-    # span segments without dictionary pages: with 256-row groups and lz4 they saved nothing
-    # (2.50 MB without, 2.53 MB with, for 30k spans) and cost 20 % of the writing
+    # span segments without dictionary pages but for the resource maps (_DICTIONARY): with
+    # 256-row groups and lz4 they saved nothing on the other columns (2.50 MB without, 2.53 MB
+    # with, for 30k spans) and cost 20 % of the writing
     pq.write_table(table, path, compression="lz4" if kind == "spans" else "zstd",
                    row_group_size=ROW_GROUP, write_statistics=statistics,
-                   use_dictionary=kind != "spans")
+                   use_dictionary=list(_DICTIONARY) if kind == "spans" else True)
     _sync_file(path)
 
 
