@@ -30,6 +30,9 @@ class Trajectory:
     provisional: bool = False
     #: per-turn content chains by input field (``otel_verl._content``; mutable, per trajectory)
     content: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: what the trajectory shows when it ends (``otel_verl._trajectory.Outcome``; recorded
+    #: trajectories only; shared by reference with the asyncio tasks inside)
+    outcome: Any = dataclasses.field(default=None, compare=False, repr=False)
     #: what ``current_trajectory_attrs`` returns, made once per trajectory (not once per span)
     tag: tuple[Mapping[str, Any], int | None, Mapping[str, Any]] | None = dataclasses.field(
         default=None, init=False, compare=False, repr=False)

@@ -69,146 +69,13 @@ SDK_SHAPE_OK = _sdk_shape_ok()
 
 def clean_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """``attrs`` as the SDK would store them (keys non-empty str, values cleaned): plain values
-    and tuples of them pass as they are, anything else goes through the SDK's own cleaner once.
-    A ``Deferred`` value stays where it is (``merge_deferred`` stores it, nothing else)."""
+    and tuples of them pass as they are, anything else goes through the SDK's own cleaner once."""
     for key, value in attrs.items():  # a plain loop: no generator frame per call
         kind = type(value)
         if type(key) is not str or not key or kind not in _PLAIN_TYPES and (
-                kind is not tuple or not all(type(x) in _PLAIN_TYPES for x in value)) and \
-                not isinstance(value, Deferred):
-            plain = {k: v for k, v in attrs.items() if not isinstance(v, Deferred)}
-            cleaned = BoundedAttributes(None, plain).copy()
-            if len(plain) == len(attrs):
-                return cleaned  # type: ignore[return-value]
-            out: dict[str, Any] = {}
-            for k, v in attrs.items():  # the deferred values kept in their places
-                if isinstance(v, Deferred):
-                    out[k] = v
-                elif k in cleaned:
-                    out[k] = cleaned[k]
-            return out
+                kind is not tuple or not all(type(x) in _PLAIN_TYPES for x in value)):
+            return BoundedAttributes(None, attrs).copy()  # type: ignore[return-value]
     return dict(attrs)
-
-
-# -- deferred payloads: rendered by the thread that first reads a span's attributes ---------------
-#
-# An op's ``input.value``/``output.value`` can be rendered (walked, capped, encoded, key-redacted)
-# after the call, off the event loop: the loop stores a ``Deferred`` (holding a snapshot of the
-# value) under the field's key, in the position the rendered field takes; the first read of the
-# finished span's attributes (``DeferredReadableSpan``: every processor, exporter and our own
-# pipeline read through ``_attributes``) replaces each ``Deferred`` by what it renders, once,
-# under ``_RENDER_LOCK``, in place: the same keys in the same order with the same values as the
-# eager path. A read of the live span's ``attributes`` does the same on the reading thread.
-# Only a ``LightSpan`` whose attributes take the direct insert carries one (``merge_deferred``);
-# anything else renders at once.
-
-
-class Deferred:
-    """A span attribute value rendered later (subclassed by ``otel_verl._capture``)."""
-
-    __slots__ = ()
-
-    #: about the bytes it will render to (the batch processor's size estimate)
-    estimate = 0
-
-    def render(self, before: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The attributes this value becomes (never raises), given those before it."""
-        raise NotImplementedError
-
-
-#: held while deferred values are rendered (not ``_LOCK``: a render must not stall the loop's
-#: span operations)
-_RENDER_LOCK = threading.Lock()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_RENDER_LOCK._at_fork_reinit)  # type: ignore[attr-defined]
-
-
-def materialise(store: dict[str, Any]) -> None:
-    """Replace every ``Deferred`` value of ``store`` (in place) by the attributes it renders,
-    at its position; idempotent (a store without one is left as it is). Call under
-    ``_RENDER_LOCK``. Never raises (a value that fails is left out)."""
-    if not any(isinstance(v, Deferred) for v in store.values()):
-        return
-    out: dict[str, Any] = {}
-    for key, value in store.items():
-        if isinstance(value, Deferred):
-            try:
-                out.update(value.render(out))
-            except Exception:  # noqa: BLE001 - render guards itself; this is the last line
-                pass
-        else:
-            out[key] = value
-    store.clear()
-    store.update(out)
-
-
-def merge_deferred(span: Any, attrs: Mapping[str, Any]) -> bool:
-    """``merge_clean`` for attributes holding ``Deferred`` values: stored directly into a
-    ``LightSpan`` (marked as deferred) where that is exactly a plain insert; False (nothing
-    stored) where it is not: then the caller renders them at once."""
-    if not (LIGHT_SPAN_OK and type(span) is LightSpan):
-        return False
-    bounded = span._attributes
-    if type(bounded) is not BoundedAttributes or bounded.max_value_len is not None \
-            or bounded._immutable:
-        return False
-    with span._lock:
-        if span._end_time is not None:
-            return False
-        store = bounded._dict
-        if bounded.maxlen is not None and len(store) + len(attrs) + 8 > bounded.maxlen:
-            return False  # (room for what a render adds beside the field: its markers)
-        store.update(attrs)
-        span._deferred = True
-    return True
-
-
-def resolve_live(span: Any) -> None:
-    """Render the deferred values of a live ``LightSpan`` now (on the calling thread)."""
-    if type(span) is LightSpan and span._deferred:
-        with _RENDER_LOCK:
-            materialise(span._attributes._dict)
-            span._deferred = False
-
-
-def deferred_estimate(span: Any) -> int | None:
-    """``estimate_bytes`` of a finished span whose payloads are not rendered yet, without
-    rendering them (each ``Deferred`` counted by its own estimate); None for any other span."""
-    if type(span) is not DeferredReadableSpan or not span._deferred:
-        return None
-    size = 320 + len(span.name)
-    for key, value in span._raw_attributes.items():
-        size += len(key) + 40 + (len(value) if type(value) is str else
-                                 value.estimate if isinstance(value, Deferred) else 24)
-    events = span._events
-    for event in events or ():
-        size += 96 + len(event.name)
-        for key, value in (event.attributes or {}).items():
-            size += len(key) + 40 + (len(value) if type(value) is str else 24)
-    return size
-
-
-class DeferredReadableSpan(ReadableSpan):
-    """A finished span whose payload attributes are rendered when they are first read."""
-
-    _deferred = False
-
-    @property
-    def _attributes(self) -> Any:
-        if self._deferred:
-            with _RENDER_LOCK:
-                if self._deferred:
-                    materialise(self._raw_attributes)
-                    self._deferred = False
-        return self._raw_attributes
-
-    @_attributes.setter
-    def _attributes(self, value: Any) -> None:
-        self._raw_attributes = value
-
-    def __getstate__(self) -> dict[str, Any]:
-        self._attributes  # noqa: B018 - rendered before a copy leaves the process
-        return dict(self.__dict__)
 
 
 def merge_clean(span: Any, attrs: Mapping[str, Any]) -> None:
@@ -458,14 +325,6 @@ class LightSpan(_SDK_SPAN_TYPE):
     _events: Any
     _links: Any
     _end_time: Any
-    #: holds ``Deferred`` attribute values (``merge_deferred``)
-    _deferred = False
-
-    @property
-    def attributes(self) -> Any:
-        if self._deferred:
-            resolve_live(self)
-        return super().attributes
 
     def end(self, end_time: int | None = None) -> None:
         """The SDK's ``Span.end`` (same checks, warning, order of hooks), calling only the
@@ -516,10 +375,8 @@ class LightSpan(_SDK_SPAN_TYPE):
         if type(bounded) is not BoundedAttributes or bounded.dropped or (
                 type(events) is not tuple and events.dropped) or (
                 type(links) is not tuple and links.dropped):
-            resolve_live(self)  # the SDK's copy: rendered first
             return super()._readable_span()
-        made: Any = DeferredReadableSpan if self._deferred else ReadableSpan
-        span = made(
+        return ReadableSpan(
             name=self._name, context=self._context, parent=self._parent,
             resource=self._resource, attributes=bounded._dict,
             events=events if type(events) is tuple else tuple(events),
@@ -527,9 +384,6 @@ class LightSpan(_SDK_SPAN_TYPE):
             status=self._status, start_time=self._start_time, end_time=self._end_time,
             instrumentation_info=self._instrumentation_info,
             instrumentation_scope=self._instrumentation_scope)
-        if made is DeferredReadableSpan:
-            span._deferred = True
-        return span
 
 
 _SPAN_TYPES = (_SDK_SPAN_TYPE, LightSpan)

@@ -25,7 +25,6 @@ GRPO group: experiment, step, sample index, so a viewer groups the n rollouts of
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -77,14 +76,11 @@ class Outcome:
             self.last_output = output_json
 
 
-#: the current trajectory's ``Outcome`` (None outside a recorded trajectory)
-_OUTCOME: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
-    "otel_verl_trajectory_outcome", default=None)
-
-
 def current_outcome() -> Outcome | None:
-    """The current recorded trajectory's ``Outcome`` (for its top-level ops)."""
-    return _OUTCOME.get()
+    """The current recorded trajectory's ``Outcome`` (for its top-level ops); held by the
+    trajectory itself (``Trajectory.outcome``: one context variable per trajectory, not two)."""
+    traj = TRAJECTORY.get()
+    return traj.outcome if traj is not None else None
 
 
 #: ``metadata`` keys: verl's names for the trajectory attributes
@@ -102,11 +98,14 @@ def session_id(attrs: Mapping[str, Any]) -> str | None:
     return sid + "/validate" if attrs.get(semconv.ROLLOUT_VALIDATE) else sid
 
 
+#: ``json.dumps(..., separators=(",", ":"), default=str)``, its encoder made once
+_METADATA_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def _viewer_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """``session.id`` and ``metadata`` derived from the trajectory attributes."""
-    out: dict[str, Any] = {semconv.METADATA: json.dumps(
-        {_VERL_NAMES[k]: v for k, v in attrs.items() if k in _VERL_NAMES},
-        separators=(",", ":"), default=str)}
+    out: dict[str, Any] = {semconv.METADATA: _METADATA_JSON.encode(
+        {_VERL_NAMES[k]: v for k, v in attrs.items() if k in _VERL_NAMES})}
     sid = session_id(attrs)
     if sid is not None:
         out[semconv.SESSION_ID] = sid
@@ -173,11 +172,10 @@ def rollout_trace_attr(
                           **sampling_attributes(runtime.sampler,
                                                 attrs.get(semconv.ROLLOUT_SAMPLE_INDEX),
                                                 provisional)}))
-    token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional))
+    outcome = Outcome()
+    token = TRAJECTORY.set(Trajectory(attrs, span, True, provisional, outcome=outcome))
     runtime.trajectory_started()
     previous_context = otel_context.get_current()
-    outcome = Outcome()
-    outcome_token = _OUTCOME.set(outcome)
     ctx_token = attach_span(span)
     try:
         yield span
@@ -187,10 +185,8 @@ def rollout_trace_attr(
     finally:
         if _restore(token, previous):
             detach_context(ctx_token)
-            _OUTCOME.reset(outcome_token)
         else:  # exited from another context: the tokens belong to the first one
             otel_context.attach(previous_context)
-            _OUTCOME.set(None)
         _show_outcome(span, outcome)
         span.end()
         runtime.trajectory_ended()
@@ -309,7 +305,7 @@ def record_reward(score: float, *, name: str = "reward", label: str | None = Non
         _evaluations.emit_evaluation(traj.span, attrs)
         if components:
             _evaluations.record_components(traj.span, components)
-        outcome = _OUTCOME.get()
+        outcome = current_outcome()
         if outcome is not None:
             outcome.fields["reward"] = value
             if label is not None:
@@ -328,7 +324,7 @@ def set_trajectory_input(value: Any) -> None:
     traj = TRAJECTORY.get()
     if traj is None or traj.span is None or not traj.span.is_recording():
         return
-    outcome = _OUTCOME.get()
+    outcome = current_outcome()
     if outcome is not None:
         outcome.input_set = True
     if not isinstance(value, str):
@@ -347,7 +343,7 @@ def set_trajectory_output(**fields: Any) -> None:
     ``output.value`` when the trajectory ends. Does nothing outside a recorded trajectory.
     Without it, the output is the agent loop op's output merged with the reward.
     """
-    outcome = _OUTCOME.get()
+    outcome = current_outcome()
     if outcome is not None:
         outcome.output_set = True
         outcome.fields.update(fields)

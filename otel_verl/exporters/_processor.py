@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanContext
 from otel_verl import _errors
 from otel_verl._config import MIN_SCHEDULE_DELAY_S
 from otel_verl._fork import LiveInstances
-from otel_verl._hotpath import attribute_map, compact, deferred_estimate, merge_clean
+from otel_verl._hotpath import attribute_map, compact, merge_clean
 from otel_verl.exporters._spans import (  # estimate_bytes: imported from here too
     estimate_bytes,
     shutdown_within,
@@ -158,9 +158,7 @@ class BoundedBatchProcessor(SpanProcessor):
                              "exported (counted as dropped_after_shutdown)", span.name)
             return
         span = compact(span)  # fewer GC-tracked objects while it waits in the queue
-        size = deferred_estimate(span)  # payloads not rendered yet: not rendered here either
-        if size is None:
-            size = estimate_bytes(span)
+        size = estimate_bytes(span)
         if len(self._queue) >= self._max_queue or self._bytes + size > self._max_bytes:
             self._counts["dropped_queue_full"] += 1
             now = time.monotonic()

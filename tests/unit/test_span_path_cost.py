@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import threading
 
@@ -21,7 +22,15 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_verl import RolloutTraceConfig, _hotpath, rollout_trace_attr, rollout_trace_op, semconv
+from otel_verl import (
+    RolloutTraceConfig,
+    _hotpath,
+    record_reward,
+    rollout_trace_attr,
+    rollout_trace_op,
+    semconv,
+    set_trajectory_output,
+)
 from otel_verl._current import current_trajectory_attrs
 
 
@@ -78,9 +87,24 @@ def test_a_traced_op_allocates_few_gc_counted_objects(metadata_only):
     on = _counted()
     assert on[1] > off[1] + 2  # traced: the span waits in the queue
     open_added, ended_added = on[0] - off[0], on[1] - off[1]
-    # before (8478a58): 14 while open, 10 once ended
+    # before (8478a58 and 1d83003): 14 while open, 10 once ended
     assert open_added <= 12, (on, off)
     assert ended_added <= 8, (on, off)
+
+
+def test_the_outcome_belongs_to_its_own_trajectory(metadata_only):
+    exporter = InMemorySpanExporter()
+    _init(exporter=exporter, processor="simple", capture_payloads=True)
+    with rollout_trace_attr(step=1, sample_index=0):
+        set_trajectory_output(answer="outer")
+        with rollout_trace_attr(step=1, sample_index=1, trace=False):
+            set_trajectory_output(answer="inner")  # not recorded: changes nothing
+            record_reward(0.0)
+        record_reward(1.0)
+    set_trajectory_output(answer="outside")  # no trajectory: nothing
+    (root,) = exporter.get_finished_spans()
+    assert json.loads(root.attributes[semconv.OUTPUT_VALUE]) == {"answer": "outer",
+                                                                   "reward": 1.0}
 
 
 # -- the current span: attach_span / detach are the API's attach / detach -----------------------
