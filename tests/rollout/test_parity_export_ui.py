@@ -10,7 +10,7 @@ import threading
 
 import pyarrow.parquet as pq
 
-from otel_verl.store._index import StoreIndex
+from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.server import UIServer
 
 from .test_parity import _run
@@ -28,8 +28,7 @@ def _get(port: int, path: str) -> tuple[int, bytes, str]:
 
 def test_the_viewer_exports_its_filtered_table(tmp_path):
     outs, _ = _run(tmp_path, 3)
-    index = StoreIndex(tmp_path / "traces")
-    index.update()
+    index = LakeSource(tmp_path / "traces", compact=False)
     server = UIServer(index, port=0, poll_s=60.0)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               daemon=True)
@@ -48,4 +47,5 @@ def test_the_viewer_exports_its_filtered_table(tmp_path):
         assert status == 400
     finally:
         server.shutdown()
+        index.close()
         server.server_close()

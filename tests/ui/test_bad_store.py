@@ -98,12 +98,15 @@ def test_a_poisoned_store_serves_every_good_trajectory(page, real_store, tmp_pat
     ones that decode are listed too, and the banner says what was skipped."""
     from urllib.parse import quote
 
-    from otel_verl.store._index import StoreIndex
+    from otel_verl.ui._lake import LakeSource
 
     hostile = _hostile()
-    good_index = StoreIndex(real_store, index_path=tmp_path / "good.sqlite3")
-    good_index.update()
-    good = {r["key"] for r in good_index.trajectories(page_size=5000)["rows"]}
+    clean = tmp_path / "clean"  # the good keys, read from a copy (nothing written beside the fixture)
+    shutil.copytree(real_store, clean, ignore=shutil.ignore_patterns(".otel_verl_index",
+                                                                     ".otel_verl_lake"))
+    good_source = LakeSource(clean, compact=False)
+    good = {r["key"] for r in good_source.trajectories(page_size=5000)["rows"]}
+    good_source.close()
     store = tmp_path / "poisoned"
     shutil.copytree(real_store, store, ignore=shutil.ignore_patterns(".otel_verl_index"))
     poisoned = hostile.poison_store(store)

@@ -1,8 +1,10 @@
-"""Hostile stores through the viewer's read side: the index, every view and the report.
+"""Hostile stores through the viewer's read side: the lake, every view and the report.
 
-One bad line or span must not hide the good ones, a damaged index file rebuilds itself and says
-so, a rotated or rewritten store file is seen as what it is, and out-of-range query numbers are
-the caller's mistake (``BadRequest``), not the server's.
+One bad line or span must not hide the good ones, a rotated or rewritten store file is seen as
+what it is, rewards no float can hold do not poison a step's statistics, and out-of-range query
+numbers are the caller's mistake (``BadRequest``), not the server's. (These ran over the SQLite
+index until the lake became the only read path; its damaged-index cases have no lake
+counterpart here: see the damaged-lake tests in test_ui_lake.py.)
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import importlib.util
 import json
 import os
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_verl.store import Trajectory, list_files, step_statistics
-from otel_verl.store._index import StoreIndex
+from otel_verl.store import Lake, list_files
+from otel_verl.store._compact import compact
+from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.report import build_report_data
 from otel_verl.ui.server import dumps
 from otel_verl.ui.views import (
@@ -52,15 +54,22 @@ def _copy(good_store: Path, tmp_path: Path) -> Path:
     return store
 
 
+def _source(store: Path, compacted: bool = False) -> LakeSource:
+    """The viewer's source over ``store`` (its closed files compacted first, or read raw)."""
+    if compacted:
+        compact(store, live_bytes=0)
+    return LakeSource(store, compact=False)
+
+
 def _good_keys(good_store: Path, tmp_path: Path) -> set[str]:
-    index = StoreIndex(good_store, index_path=tmp_path / "good.sqlite3")
-    index.update()
-    keys = {r["key"] for r in index.trajectories(page_size=100)["rows"]}
+    source = LakeSource(good_store, compact=False)
+    keys = {r["key"] for r in source.trajectories(page_size=100)["rows"]}
+    source.close()
     assert len(keys) == GOOD
     return keys
 
 
-def _every_view(index: StoreIndex, good: set[str]) -> int:
+def _every_view(index: LakeSource, good: set[str]) -> int:
     """Run every view over the index as the server and the report would (answers must be JSON
     the browser takes); returns how many good trajectories show their conversation."""
     shown = 0
@@ -88,24 +97,24 @@ def test_each_hostile_kind_leaves_every_good_trajectory_shown(kind, good_store, 
     good = _good_keys(good_store, tmp_path)
     store = _copy(good_store, tmp_path)
     H.poison_store(store, [kind])  # between good lines: the lines after it count too
-    index = StoreIndex(store)
-    index.update()
+    index = _source(store)
     keys = {r["key"] for r in index.trajectories(page_size=1000)["rows"]}
     assert good <= keys
     assert _every_view(index, good) == GOOD
 
 
+@pytest.mark.parametrize("compacted", [False, True], ids=["raw", "compacted"])
 def test_a_store_with_every_hostile_kind_shows_all_good_and_says_what_it_skipped(
-        good_store, tmp_path):
+        good_store, tmp_path, compacted):
     good = _good_keys(good_store, tmp_path)
     store = _copy(good_store, tmp_path)
     H.poison_store(store, list(H.KINDS))
-    index = StoreIndex(store)
-    index.update()
+    index = _source(store, compacted)
     assert _every_view(index, good) == GOOD
     problems = index.problems()
     assert problems["bad_lines"] >= 4 and problems["bad_spans"] >= 10
-    assert problems["examples"]
+    # examples come from the lines read raw: compaction's manifest keeps counts only
+    assert bool(problems["examples"]) is not compacted
     print(f"\n{len(H.KINDS)} hostile kinds in one store: {GOOD} of {GOOD} good trajectories "
           f"shown; {problems['bad_lines']} bad line(s), {problems['bad_spans']} bad span(s)")
 
@@ -116,8 +125,7 @@ def test_hostile_attribute_payloads_keep_the_page_and_mark_it(good_store, tmp_pa
     store = _copy(good_store, tmp_path)
     ids = H.poison_store(store, ["tool_calls a number", "tool call id a list",
                                  "tool span call id a list"])
-    index = StoreIndex(store)
-    index.update()
+    index = _source(store)
     for trace_id in ids:
         row = index.trajectories(trace_id=trace_id)["rows"][0]
         view = trajectory_view(index, row["key"])
@@ -158,8 +166,8 @@ _damage = st.lists(st.tuples(
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(damage=_damage)
-def test_hostile_span_values_through_the_index_and_every_view(damage, good_store,
-                                                              tmp_path_factory):
+def test_hostile_span_values_through_the_lake_and_every_view(damage, good_store,
+                                                             tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prop")
     good = _good_keys(good_store, tmp)
     store = _copy(good_store, tmp)
@@ -174,122 +182,40 @@ def test_hostile_span_values_through_the_index_and_every_view(damage, good_store
     with open(list_files(store)[0], "ab") as handle:
         handle.write(H.line_of(request))
         handle.write(Path(list_files(good_store)[0]).read_bytes().splitlines(True)[0])
-    index = StoreIndex(store)
-    index.update()
+    index = _source(store)
     assert _every_view(index, good) == GOOD
-
-
-# --- a damaged index file -------------------------------------------------------------------
-
-def _garbage(path: Path) -> None:
-    path.write_bytes(os.urandom(path.stat().st_size))
-
-
-def _garbage_middle(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[4096: 4096 * 3] = os.urandom(4096 * 2)
-    path.write_bytes(bytes(data))
-
-
-def _sql(*statements: str):
-    def damage(path: Path) -> None:
-        conn = sqlite3.connect(path)
-        with conn:
-            for statement in statements:
-                conn.execute(statement)
-        conn.close()
-    return damage
-
-
-DAMAGE = {
-    "truncated to half": lambda p: os.truncate(p, p.stat().st_size // 2),
-    "truncated to 100 bytes": lambda p: os.truncate(p, 100),
-    "emptied": lambda p: os.truncate(p, 0),
-    "garbage bytes": _garbage,
-    "garbage pages in the middle": _garbage_middle,
-    "a text file": lambda p: p.write_text("not a database\n" * 100),
-    "another layout, same version": _sql("DROP TABLE trajectories",
-                                         "CREATE TABLE trajectories (key TEXT, x INTEGER)"),
-    "a table missing": _sql("DROP TABLE trace_lines"),
-    "another schema version": _sql("UPDATE meta SET value = '0' WHERE key = 'schema'"),
-    "shifted line offsets": _sql("UPDATE trace_lines SET offset = offset + 7"),
-    "shifted file offsets": _sql("UPDATE files SET offset = offset - 11 WHERE offset > 11"),
-    "file rows lost": _sql("DELETE FROM files"),
-    "trajectory rows lost": _sql("DELETE FROM trajectories"),
-}
-
-
-#: damage that is repaired with a message (the rest is indistinguishable from a store that
-#: changed, or from a new index, and is simply read again)
-NOTICED = {"truncated to half", "truncated to 100 bytes", "garbage bytes",
-           "garbage pages in the middle", "a text file", "another layout, same version",
-           "a table missing", "shifted line offsets", "trajectory rows lost"}
-
-
-@pytest.mark.parametrize("kind", list(DAMAGE))
-def test_a_damaged_index_rebuilds_itself_and_says_so(kind, good_store, tmp_path):
-    good = _good_keys(good_store, tmp_path)
-    store = _copy(good_store, tmp_path)
-    index = StoreIndex(store)
-    index.update()
     index.close()
-    path = index.path
-    for suffix in ("-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    DAMAGE[kind](path)
-    fresh = StoreIndex(store)  # what `otel-verl ui` does when it starts
-    fresh.update()
-    fresh.update()  # a damage found while reading is repaired once, not on every update
-    assert {r["key"] for r in fresh.trajectories(page_size=100)["rows"]} >= good
-    assert _every_view(fresh, good) == GOOD
-    if kind in NOTICED:
-        assert fresh.problems()["notices"], "a damaged index is rebuilt with a message"
-
-
-def test_damage_found_by_a_running_viewer_is_repaired_and_noticed(good_store, tmp_path):
-    good = _good_keys(good_store, tmp_path)
-    store = _copy(good_store, tmp_path)
-    index = StoreIndex(store)
-    index.update()
-    _sql("UPDATE trace_lines SET offset = offset + 7")(index.path)
-    key = sorted(good)[0]
-    view = trajectory_view(index, key)
-    assert view is not None and view["messages"], view  # not "missing"
-    assert any("rebuilt" in n for n in index.problems()["notices"])
-    conn = sqlite3.connect(index.path)
-    with conn:
-        conn.execute("DROP TABLE trajectories")
-    conn.close()
-    assert {r["key"] for r in index.trajectories(page_size=100)["rows"]} == good
 
 
 # --- file identity ----------------------------------------------------------------------------
 
-def _rows(index: StoreIndex) -> set[tuple]:
+def _rows(index: LakeSource) -> set[tuple]:
     return {(r["trace_id"], r["step"]) for r in index.trajectories(page_size=1000)["rows"]}
 
 
-def test_a_rotated_file_keeps_its_rows_and_the_new_one_is_read(tmp_path):
+@pytest.mark.parametrize("compacted", [False, True], ids=["raw", "compacted"])
+def test_a_rotated_file_keeps_its_rows_and_the_new_one_is_read(tmp_path, compacted):
     store = tmp_path / "traces"
     H.write_good_store(store, 2, step=1)
-    index = StoreIndex(store)
-    index.update()
+    index = _source(store, compacted)
     first = _rows(index)
     (path,) = list_files(store)
     os.rename(path, path.replace(".jsonl", ".1.jsonl"))  # the collector's rotation
     H.write_good_store(store, 2, step=2)
-    stats = index.update()
-    assert not stats.rebuilt and stats.new_spans > 0
+    if compacted:
+        compact(store, live_bytes=0)
+    assert index.update()  # seen as changed, reopened
     rows = _rows(index)
     assert first <= rows and len(rows) == 4
     key = next(r["key"] for r in index.trajectories(step=1)["rows"])
     assert trajectory_view(index, key)["messages"]
 
 
+@pytest.mark.parametrize("compacted", [False, True], ids=["raw", "compacted"])
 @pytest.mark.parametrize("grow", [False, True], ids=["rewritten", "regrown"])
-def test_a_file_rewritten_in_place_is_read_again(tmp_path, grow):
+def test_a_file_rewritten_in_place_is_read_again(tmp_path, grow, compacted):
     """Same name, same first bytes (same producer), other content: rewritten in place, or
-    truncated and grown past the indexed offset. Its old rows go, its new ones come."""
+    truncated and grown past the compacted offset. Its old rows go, its new ones come."""
     a, b = tmp_path / "a", tmp_path / "b"
     H.write_good_store(a, 2, step=1)
     H.write_good_store(b, 4, step=2)
@@ -297,8 +223,7 @@ def test_a_file_rewritten_in_place_is_read_again(tmp_path, grow):
     store.mkdir()
     target = store / "traces.jsonl"
     shutil.copy(list_files(a)[0], target)
-    index = StoreIndex(store)
-    index.update()
+    index = _source(store, compacted)
     assert {s for _, s in _rows(index)} == {1}
     new = Path(list_files(b)[0]).read_bytes()
     old_head = target.read_bytes()[:256]
@@ -306,7 +231,7 @@ def test_a_file_rewritten_in_place_is_read_again(tmp_path, grow):
     with open(target, "r+b") as handle:  # in place: same inode
         handle.truncate(0)
         handle.write(body)
-    index.update()
+    assert index.update()
     rows = _rows(index)
     assert {s for _, s in rows} == {2} and len(rows) == 4, rows
 
@@ -325,22 +250,40 @@ def test_a_file_rewritten_in_place_is_read_again(tmp_path, grow):
     lambda i: prompt_view(i, "hostile", -(2**63) - 1, None),
 ])
 def test_out_of_range_numbers_are_a_bad_request(call, good_store, tmp_path):
-    index = StoreIndex(good_store, index_path=tmp_path / "i.sqlite3")
-    index.update()
+    index = _source(_copy(good_store, tmp_path))
     with pytest.raises(BadRequest):
         call(index)
     assert issubclass(BadRequest, ValueError)
     assert index.trajectories(experiment="\ud800", text="\udfff")["total"] == 0
 
 
-def test_step_statistics_survive_rewards_no_float_can_hold():
-    def trajectory(reward):
-        span = {"trace_id": "t", "span_id": "s", "parent_span_id": None, "name": "t",
-                "start_ns": 1, "end_ns": 2, "status": {"code": "OK", "message": ""},
-                "events": [], "resource": {},
-                "attributes": {"otel_verl.trajectory": True, "rollout.step": 1,
-                               "rollout.reward": reward, "rollout.sampling.weight": reward}}
-        return Trajectory("t", span, [], [span])
+def _reward_line(trace: str, reward: dict[str, object]) -> bytes:
+    attributes = [{"key": "otel_verl.trajectory", "value": {"boolValue": True}},
+                  {"key": "rollout.step", "value": {"intValue": "1"}},
+                  {"key": "rollout.reward", "value": reward},
+                  {"key": "rollout.sampling.weight", "value": reward}]
+    span = {"traceId": trace, "spanId": trace[:16], "name": "t", "kind": 1,
+            "startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": attributes}
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [
+        {"scope": {"name": "x"}, "spans": [span]}]}]}).encode() + b"\n"
 
-    stats = step_statistics([trajectory(10**400), trajectory(1.0), trajectory(float("nan"))])
-    assert stats[0].traced == 3 and stats[0].reward_mean == 1.0
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["raw", "compacted"])
+def test_step_statistics_survive_rewards_no_float_can_hold(tmp_path, compacted):
+    """Rewards (and weights) of +-Infinity and NaN (OTLP/JSON's spellings), and an integer
+    beyond 64 bits (a bad span, skipped): the others count as traced, none poisons the
+    weighted mean (the one step statistics, the lake's)."""
+    store = tmp_path / "traces"
+    store.mkdir()
+    (store / "t.jsonl").write_bytes(
+        _reward_line("a" * 32, {"intValue": str(10**400)})
+        + _reward_line("b" * 32, {"doubleValue": 1.0})
+        + _reward_line("c" * 32, {"doubleValue": "NaN"})
+        + _reward_line("d" * 32, {"doubleValue": "Infinity"})
+        + _reward_line("e" * 32, {"doubleValue": "-Infinity"}))
+    if compacted:
+        compact(store, live_bytes=0)
+    with Lake.open(store) as lake:
+        (stats,) = lake.steps()
+    assert stats["traced"] == 4 and stats["reward_mean"] == 1.0
+    assert stats["estimated"] == 4.0 and stats["reward_mean_unweighted"] == 1.0

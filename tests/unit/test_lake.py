@@ -1,6 +1,6 @@
 """The lake (otel_verl.store._query / _compact): one read path, the same numbers as the store's
-trajectory model and the viewer's index, before, during and after compaction; crash-safe
-compaction; hostile lines read without crashing."""
+trajectory model (the step statistics written out in Python, tests/_step_oracle.py), before,
+during and after compaction; crash-safe compaction; hostile lines read without crashing."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_verl.store import group_trajectories, read_spans, sampling_reports, step_statistics
+from otel_verl.store import group_trajectories, read_spans, sampling_reports
 from otel_verl.store._compact import Manifest, compact, lake_dir
-from otel_verl.store._index import StoreIndex
 from otel_verl.store._query import Lake
 
 _spec = importlib.util.spec_from_file_location(
@@ -32,6 +31,12 @@ assert _spec2 is not None and _spec2.loader is not None
 S = importlib.util.module_from_spec(_spec2)
 _spec2.loader.exec_module(S)
 write_store = S.write_store
+
+_spec3 = importlib.util.spec_from_file_location(
+    "_step_oracle", Path(__file__).resolve().parents[1] / "_step_oracle.py")
+assert _spec3 is not None and _spec3.loader is not None
+REF = importlib.util.module_from_spec(_spec3)
+_spec3.loader.exec_module(REF)
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -62,17 +67,15 @@ def _assert_same(lake_rows: list[dict[str, Any]], other: list[dict[str, Any]],
 
 def _model_steps(directory: Path) -> list[dict[str, Any]]:
     spans = list(read_spans(directory))
-    return [s.as_dict() for s in step_statistics(group_trajectories(spans),
-                                                 sampling_reports(spans))]
+    return [s.as_dict() for s in REF.step_statistics(group_trajectories(spans),
+                                                   sampling_reports(spans))]
 
 
 def _index_steps(directory: Path, tmp: Path) -> list[dict[str, Any]]:
-    index = StoreIndex(directory, index_path=tmp / "index.sqlite3")
-    try:
-        index.update()
-        return index.overview()
-    finally:
-        index.close()
+    """The viewer's per-step figures (what the SQLite index's overview computed), from the
+    trajectory model in Python."""
+    spans = list(read_spans(directory))
+    return REF.step_rows(group_trajectories(spans), sampling_reports(spans))
 
 
 @settings(max_examples=12, deadline=None,
@@ -80,8 +83,9 @@ def _index_steps(directory: Path, tmp: Path) -> list[dict[str, Any]]:
 @given(seed=st.integers(0, 10**6), files=st.integers(1, 3))
 def test_step_statistics_match_the_model_and_the_index(tmp_path_factory: Any, seed: int,
                                                         files: int) -> None:
-    """The lake's steps = store.step_statistics = StoreIndex.overview, raw, half compacted (a
-    file appended to after compaction) and fully compacted."""
+    """The lake's steps = the trajectory model's step statistics and the viewer's per-step
+    figures (the reference in Python), raw, half compacted (a file appended to after
+    compaction) and fully compacted."""
     tmp = tmp_path_factory.mktemp("lake")
     store = tmp / "store"
     write_store(store, seed, files=files)

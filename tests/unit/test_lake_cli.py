@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from otel_verl.cli import main
-from otel_verl.store import group_trajectories, read_spans, sampling_reports, step_statistics
+from otel_verl.store import group_trajectories, read_spans, sampling_reports
 from otel_verl.store._compact import Manifest, lake_dir
 from otel_verl.store._query import Lake
 
@@ -21,6 +21,11 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec is not None and _spec.loader is not None
 L = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(L)
+_spec2 = importlib.util.spec_from_file_location(
+    "_step_oracle", Path(__file__).resolve().parents[1] / "_step_oracle.py")
+assert _spec2 is not None and _spec2.loader is not None
+REF = importlib.util.module_from_spec(_spec2)  # the step statistics in Python: the reference
+_spec2.loader.exec_module(REF)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
@@ -56,11 +61,25 @@ def test_traces_list_json_is_the_models_summary(tmp_path: Path, capsys: Any,
         w["trace_id"] for w in expected if w["step"] == 1)
 
 
+def test_one_store_file_lists_like_its_directory(tmp_path: Path, capsys: Any) -> None:
+    """``--dir FILE`` reads the file through the lake (the old whole-store read did it in
+    Python): the same rows and steps as the directory holding only it, nothing written."""
+    L.write_store(tmp_path / "s", 4, files=1)
+    (path,) = (tmp_path / "s").glob("*.jsonl")
+    for argv in (["--json"], ["--json", "--steps"], ["--json", "--step", "2"]):
+        rc, by_dir, _ = _run(capsys, "traces", "list", "--dir", str(tmp_path / "s"), *argv)
+        rc_file, by_file, _ = _run(capsys, "traces", "list", "--dir", str(path), *argv)
+        assert rc == rc_file == 0 and by_dir and len(by_file) == len(by_dir)
+        for got, want in zip(by_file, by_dir, strict=True):
+            assert all(_same(got[k], v) for k, v in want.items()), (got, want)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [path.name]
+
+
 def test_steps_and_sql_give_the_same_numbers(tmp_path: Path, capsys: Any) -> None:
     L.write_store(tmp_path, 9)
     spans = list(read_spans(tmp_path))
-    model = [s.as_dict() for s in step_statistics(group_trajectories(spans),
-                                                  sampling_reports(spans))]
+    model = [s.as_dict() for s in REF.step_statistics(group_trajectories(spans),
+                                                    sampling_reports(spans))]
     rc, steps, _ = _run(capsys, "traces", "list", "--steps", "--dir", str(tmp_path), "--json")
     assert rc == 0 and len(steps) == len(model)
     for got, want in zip(steps, model, strict=True):

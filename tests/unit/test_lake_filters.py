@@ -1,6 +1,7 @@
 """``Lake.trajectories`` filters through the one rule (otel_verl/store/_filters.py): a value the
-viewer refuses is refused here too, a numpy integer is an integer, and the lake keeps the same
-rows as the SQLite index for the same filters, raw and compacted."""
+viewer refuses is refused here too, a numpy integer is an integer, and the lake keeps the rows
+the trajectory model says match (the filters written out in Python), raw and compacted, in the
+order the viewer's source pages them."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from otel_verl.store import Trajectory, finite_number, group_trajectories, read_spans
 from otel_verl.store._compact import compact
 from otel_verl.store._filters import BadRequest
-from otel_verl.store._index import StoreIndex
 from otel_verl.store._query import Lake
+from otel_verl.store._record import is_tool_error
+from otel_verl.ui._lake import LakeSource
 
 _spec = importlib.util.spec_from_file_location(
     "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
@@ -99,30 +102,54 @@ _FILTERS = st.fixed_dictionaries({}, optional={
 })
 
 
+def _matches(t: Trajectory, filters: dict[str, Any]) -> bool:
+    """The filters of otel_verl/store/_filters.py, read off the trajectory model."""
+    reward = finite_number(t.reward)
+    for name, value in filters.items():
+        if name == "reward_min" and (reward is None or reward < value):
+            return False
+        if name == "reward_max" and (reward is None or reward > value):
+            return False
+        if name == "errors_only" and value and not (
+                t.errors or any(is_tool_error(s) for s in t.spans)):
+            return False
+        if name == "trace_id" and not t.trace_id.startswith(value.lower()):
+            return False
+        if name in ("experiment", "step", "sample_index", "rollout_n", "validate") and (
+                getattr(t, name) is None or getattr(t, name) != value):
+            return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def both(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        tuple[StoreIndex, Lake, Lake]]:
-    """The SQLite index, the lake over the raw lines and the lake over compacted segments."""
+        tuple[list[Trajectory], LakeSource, Lake, Lake]]:
+    """The trajectory model, the viewer's source, the lake over the raw lines and the lake over
+    compacted segments (of the same store)."""
     compacted = tmp_path_factory.mktemp("lake_filters_compacted") / "store"
     S.write_store(compacted, 7)
     compact(compacted, live_bytes=0, chunk_spans=40)
-    index = StoreIndex(store, index_path=tmp_path_factory.mktemp("idx") / "index.sqlite3")
-    index.update()
+    model = group_trajectories(read_spans(store))
+    viewer = LakeSource(compacted, compact=False)
     with Lake.open(store) as raw, Lake.open(compacted) as done:
         assert done.state.segments > 0 and done.state.raw_spans == 0
-        yield index, raw, done
-    index.close()
+        yield model, viewer, raw, done
+    viewer.close()
 
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(filters=_FILTERS, order=st.sampled_from(["reward", "step", "rollout_n", "start_ns"]))
-def test_the_lake_keeps_the_rows_the_index_keeps(both: tuple[StoreIndex, Lake, Lake],
-                                                  filters: dict[str, Any], order: str) -> None:
-    """One rule, the same rows: the CLI's and the viewer's index and the lake, in the same order."""
-    index, raw, done = both
-    want = index.trajectories(order=order, page_size=5000, **filters)
+def test_the_lake_keeps_the_rows_the_model_keeps(
+        both: tuple[list[Trajectory], LakeSource, Lake, Lake], filters: dict[str, Any],
+        order: str) -> None:
+    """One rule, the same rows: the trajectory model's (as a set), the viewer's source and the
+    lake raw and compacted (in the same order)."""
+    model, viewer, raw, done = both
+    want = viewer.trajectories(order=order, page_size=5000, **filters)
     keys = [r["key"] for r in want["rows"]]
+    assert set(keys) == {f"{t.trace_id}:{t.span_id or ''}" for t in model
+                         if _matches(t, filters)}
     for lake in (raw, done):
         got = lake.trajectories(order=order, limit=None, **filters)
         assert got["total"] == want["total"]

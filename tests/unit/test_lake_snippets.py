@@ -1,6 +1,7 @@
 """The viewer's text over the lake: the table's prompt and answer snippets, its search text and
-the free-text filter give the same rows as over the SQLite index, for trajectories compacted into
-segments and for those still in raw lines beside them."""
+the free-text filter follow the rule the SQLite index had (written out in Python below, over the
+trajectory model), for trajectories compacted into segments and for those still in raw lines
+beside them."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from otel_verl import semconv
+from otel_verl.store import Trajectory, clean_text, first_error, group_trajectories, read_spans
 from otel_verl.store._compact import compact
-from otel_verl.store._index import StoreIndex
+from otel_verl.store._record import prompt_and_response, snippet
 from otel_verl.ui import _lake
 from otel_verl.ui._lake import LakeSource
 
@@ -35,6 +38,54 @@ _TEXT_KINDS = ["an error status", "payload JSON nested too deeply", "non-lists w
                "events garbage", "status garbage", "lone surrogates in messages"]
 
 
+def _text_row(t: Trajectory) -> tuple[Any, ...]:
+    """A trajectory's (key, prompt, response, search): the first prompt and the last answer its
+    spans' payloads show (400 characters), and the search text (prompt, answer, every tool
+    call as ``name(arguments) -> result``, the first error; lower case, 4,000 characters)."""
+    prompt = response = None
+    search: list[str] = []
+    for span in t.spans:
+        a = span["attributes"]
+        found = prompt_and_response(span)
+        if prompt is None and found[0] is not None:
+            prompt = snippet(found[0], 2000)
+        if found[1] is not None:
+            response = snippet(found[1], 2000)
+        if semconv.GEN_AI_TOOL_NAME in a or a.get(
+                semconv.OPENINFERENCE_SPAN_KIND) == semconv.SpanKindName.TOOL:
+            arguments = a.get(semconv.GEN_AI_TOOL_CALL_ARGUMENTS, a.get(semconv.INPUT_VALUE))
+            result = a.get(semconv.GEN_AI_TOOL_CALL_RESULT, a.get(semconv.OUTPUT_VALUE))
+            search.append(snippet(f"{a.get(semconv.GEN_AI_TOOL_NAME, span['name'])}("
+                                  f"{snippet(arguments, 300)}) -> {snippet(result, 300)}", 700))
+    error = first_error(t)
+    if error:
+        search.append(error)
+    text = "\n".join([prompt or "", response or "", *search])[:4000]
+    return (f"{t.trace_id}:{t.span_id or ''}",
+            clean_text(snippet(prompt, 400)) if prompt else None,
+            clean_text(snippet(response, 400)) if response else None, clean_text(text.lower()))
+
+
+class _Model:
+    """The text rows of the trajectory model, filtered and paged as the viewer's source is."""
+
+    def __init__(self, store: Path, lake: LakeSource) -> None:
+        self.by_key = {r[0]: r for r in map(_text_row, group_trajectories(read_spans(store)))}
+        self.lake = lake
+
+    def trajectories(self, *, text: str | None = None, **query: Any) -> dict[str, Any]:
+        page = self.lake.trajectories(**query)  # the order and the other filters: the lake's
+        rows = [self.by_key[r["key"]] for r in page["rows"]]
+        if text:
+            rows = [r for r in rows if clean_text(text.lower()) in r[3]]
+        return {"total": len(rows), "rows": [
+            {"key": k, "prompt": p, "response": a, "search": t} for k, p, a, t in rows]}
+
+    def trajectory_row(self, key: str) -> dict[str, Any]:
+        k, p, a, _ = self.by_key[key]
+        return {"key": k, "prompt": p, "response": a}
+
+
 def _rows(source: Any, **query: Any) -> list[tuple[Any, ...]]:
     page = source.trajectories(page_size=1000, with_search=True, **query)
     assert page["total"] == len(page["rows"])
@@ -42,7 +93,7 @@ def _rows(source: Any, **query: Any) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture(scope="module", params=["compacted", "raw", "search on disk"])
-def sources(request: Any, tmp_path_factory: Any) -> Iterator[tuple[StoreIndex, LakeSource]]:
+def sources(request: Any, tmp_path_factory: Any) -> Iterator[tuple[_Model, LakeSource]]:
     """Real ToolAgentLoop rollouts (prompt, tool call, answer, reward) at step 1, compacted or
     not, and more at step 2 in raw lines; hostile lines and spans around them."""
     tmp = tmp_path_factory.mktemp(f"snippets-{request.param}")
@@ -52,8 +103,6 @@ def sources(request: Any, tmp_path_factory: Any) -> Iterator[tuple[StoreIndex, L
     if request.param != "raw":
         compact(store, live_bytes=0)
     H.write_good_store(store, 4, step=2)
-    index = StoreIndex(store, tmp / "index.sqlite3")
-    index.update()
     held = _lake._SEARCH_IN_MEMORY
     if request.param == "search on disk":  # the search text read from compaction's file
         _lake._SEARCH_IN_MEMORY = -1
@@ -65,14 +114,13 @@ def sources(request: Any, tmp_path_factory: Any) -> Iterator[tuple[StoreIndex, L
     if request.param != "raw":
         assert lake.problems()["segments"] > 0 and lake.problems()["raw_files"] > 0
     try:
-        yield index, lake
+        yield _Model(store, LakeSource(store, compact=False)), lake
     finally:
         lake.close()
-        index.close()
 
 
-def test_snippets_and_search_text_are_the_index_ones(
-        sources: tuple[StoreIndex, LakeSource]) -> None:
+def test_snippets_and_search_text_are_the_models(
+        sources: tuple[_Model, LakeSource]) -> None:
     index, lake = sources
     want = _rows(index)
     assert _rows(lake) == want
@@ -82,13 +130,15 @@ def test_snippets_and_search_text_are_the_index_ones(
     assert any("calculator(" in r[3] for r in want)  # the tool calls are searched too
     assert any("tool exploded" in r[3] for r in want)  # and the error
     for key, *_ in want:
-        assert lake.trajectory_row(key) == index.trajectory_row(key)
+        row = lake.trajectory_row(key)
+        assert row is not None
+        assert {k: row[k] for k in ("key", "prompt", "response")} == index.trajectory_row(key)
 
 
 @pytest.mark.parametrize("needle", [
     "what is 3+1", "WHAT IS", "the answer is 5.", "calculator(", "-> ", "\n", "no such text",
     "error", "tool exploded", "'", "%", "_"])
-def test_free_text_finds_the_same_rows(sources: tuple[StoreIndex, LakeSource],
+def test_free_text_finds_the_same_rows(sources: tuple[_Model, LakeSource],
                                        needle: str) -> None:
     index, lake = sources
     assert _rows(lake, text=needle) == _rows(index, text=needle)
@@ -96,10 +146,10 @@ def test_free_text_finds_the_same_rows(sources: tuple[StoreIndex, LakeSource],
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_free_text_any_piece_of_a_search_text(sources: tuple[StoreIndex, LakeSource],
+def test_free_text_any_piece_of_a_search_text(sources: tuple[_Model, LakeSource],
                                               data: Any) -> None:
-    """A needle cut from some row's search text (any case), alone or with other filters: both
-    read paths page through the same rows."""
+    """A needle cut from some row's search text (any case), alone or with other filters: the
+    lake pages through the rows the model's text holds it in."""
     index, lake = sources
     texts = [r[3] for r in _rows(index) if r[3]]
     text = data.draw(st.sampled_from(texts))

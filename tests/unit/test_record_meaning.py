@@ -1,7 +1,7 @@
 """What a span means lives in one place (otel_verl/store/_record.py): the lake's columns (raw
-tails and compacted segments, whose row builders inline the same tests for speed), the SQLite
-index's trajectory rows and the viewer's trajectory page all say what the record's predicates
-say, for the same spans."""
+tails and compacted segments, whose row builders inline the same tests for speed), the
+trajectory rows the viewer's table shows and its trajectory page all say what the record's
+predicates say, for the same spans."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from otel_verl import semconv
-from otel_verl.store import StoreIndex, read_spans
 from otel_verl.store import _record as R
+from otel_verl.store import read_spans
 from otel_verl.store._compact import compact
 from otel_verl.store._query import Lake
+from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.views import trajectory_view
 
 _spec = importlib.util.spec_from_file_location(
@@ -88,9 +89,8 @@ def test_every_read_path_says_what_the_record_says(tmp_path_factory: Any,
         rows = lake.trajectories(limit=None)["rows"]
         assert {r["trace_id"]: (r["llm_calls"], r["tool_calls"], r["tool_errors"],
                                 r["reward_label"]) for r in rows} == counts
-    index = StoreIndex(store, index_path=tmp_path_factory.mktemp("idx") / "i.sqlite3")
+    index = LakeSource(store, compact=False)  # the viewer, over the compacted store
     try:
-        index.update()
         page = index.trajectories(page_size=100)
         assert {r["trace_id"]: (r["llm_calls"], r["tool_calls"], r["tool_errors"],
                                 r["reward_label"]) for r in page["rows"]} == counts
@@ -106,8 +106,8 @@ def test_every_read_path_says_what_the_record_says(tmp_path_factory: Any,
 def test_a_tool_call_named_by_its_operation_alone_counts_its_failure_everywhere(
         tmp_path: Path) -> None:
     """``execute_tool`` without ``gen_ai.tool.name`` or OpenInference's kind, answering
-    ``{"ok": false}``: the lake counted a tool error, the SQLite index did not (its mark was set
-    by a rule of its own); and a tool with ``error.type`` was counted failed by both while the
+    ``{"ok": false}``: the lake counted a tool error, the old SQLite index did not (its mark was
+    set by a rule of its own); and a tool with ``error.type`` was counted failed by both while the
     trajectory page showed it ok."""
     _write(tmp_path, [[({semconv.GEN_AI_OPERATION_NAME: "execute_tool",
                          semconv.OUTPUT_VALUE: '{"ok": false}'}, False)],
@@ -116,9 +116,8 @@ def test_a_tool_call_named_by_its_operation_alone_counts_its_failure_everywhere(
     with Lake.open(tmp_path) as lake:
         assert [r["tool_errors"] for r in lake.trajectories(limit=None, order="trace_id")[
             "rows"]] == [1, 1]
-    index = StoreIndex(tmp_path, index_path=tmp_path / "i.sqlite3")
+    index = LakeSource(tmp_path, compact=False)
     try:
-        index.update()
         rows = index.trajectories(order="trace_id")["rows"]
         assert [r["tool_errors"] for r in rows] == [1, 1]
         for row in rows:

@@ -10,7 +10,7 @@ import pytest
 import otel_verl
 from otel_verl import RolloutTraceConfig, TrajectorySampler, semconv
 from otel_verl.cli import main
-from otel_verl.store import group_trajectories, read_spans, sampling_reports, step_statistics
+from otel_verl.store import Lake, group_trajectories, read_spans, sampling_reports
 
 from .test_tail import trajectory
 
@@ -65,15 +65,16 @@ def test_weighted_totals_are_exactly_unbiased_over_the_head_choice(tmp_path, mon
 
 def test_step_statistics_and_the_cli(tmp_path, monkeypatch, capsys):
     directory = tmp_path / "store"
-    trajectories, reports = run_population(directory, 0, monkeypatch)
-    (stats,) = step_statistics(trajectories, reports)
-    assert stats.step == 1 and stats.ran == TRUE_COUNT and stats.dropped == 4
-    assert stats.by_reason == {"head": 2, "reward_outlier": 4, "error": 1, "group": 1}
-    assert stats.estimated == pytest.approx(2 * 6 + 6)  # head rollouts x 6 + 6 tail-kept
+    run_population(directory, 0, monkeypatch)
+    with Lake.open(directory) as lake:  # the one step statistics (STEPS_SQL)
+        (stats,) = lake.steps()
+    assert stats["step"] == 1 and stats["ran"] == TRUE_COUNT and stats["dropped"] == 4
+    assert stats["by_reason"] == {"head": 2, "reward_outlier": 4, "error": 1, "group": 1}
+    assert stats["estimated"] == pytest.approx(2 * 6 + 6)  # head rollouts x 6 + 6 tail-kept
     weighted = (2 * 6 * 1.0 + 1.0 + 1.0) / 18  # head sample 0 (reward 1) x 6, s2 and s5 one 1
-    assert stats.reward_mean == pytest.approx(weighted)
-    assert stats.reward_mean_unweighted == pytest.approx(4 / 8)
-    assert stats.error_rate == pytest.approx(1 / 18)
+    assert stats["reward_mean"] == pytest.approx(weighted)
+    assert stats["reward_mean_unweighted"] == pytest.approx(4 / 8)
+    assert stats["error_rate"] == pytest.approx(1 / 18)
 
     assert main(["traces", "list", "--dir", str(directory), "--steps", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
@@ -95,5 +96,6 @@ def test_store_without_weights_counts_each_trajectory_once(tmp_path):
     RolloutTraceConfig.shutdown()
     (t,) = group_trajectories(read_spans(tmp_path))
     assert t.sampling_reason == semconv.SamplingReason.ALL and t.sampling_weight == 1.0
-    (stats,) = step_statistics([t])
-    assert stats.reward_mean == 0.5 and stats.ran is None
+    with Lake.open(tmp_path) as lake:
+        (stats,) = lake.steps()
+    assert stats["reward_mean"] == 0.5 and stats["ran"] is None and stats["estimated"] == 1.0

@@ -15,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from otel_verl.store._compact import compact
-from otel_verl.store._index import StoreIndex
 from otel_verl.store._record import answer_text
 from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.views import prompt_view, trajectory_view
@@ -70,17 +69,14 @@ def _conversation_answer(source: Any, key: str) -> str:
     return str(view["messages"][-1]["content"])
 
 
-@pytest.mark.parametrize("read", ["index", "lake", "lake compacted"])
+@pytest.mark.parametrize("read", ["lake", "lake compacted"])
 def test_the_prompt_page_shows_the_conversations_answer(tmp_path: Path, read: str) -> None:
     answers = ["The answer is 5.", "The answer is 22.", "The answer is 5."]
     _write(tmp_path / "store", answers)
     if read == "lake compacted":
         compact(tmp_path / "store", live_bytes=0)
-    source: Any = (StoreIndex(tmp_path / "store", index_path=tmp_path / "i.sqlite3")
-                   if read == "index" else LakeSource(tmp_path / "store", compact=False))
+    source: Any = LakeSource(tmp_path / "store", compact=False)
     try:
-        if read == "index":
-            source.update()
         rows = prompt_view(source, "exp", 0, None)["rows"]
         assert [r["response"] for r in rows] == answers
         assert [_conversation_answer(source, r["key"]) for r in rows] == answers

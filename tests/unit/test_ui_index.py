@@ -1,5 +1,6 @@
-"""The viewer's index (otel_verl.store._index), its HTTP API and the report, without a browser
-(the browser tests are the ui tier: tests/ui)."""
+"""The viewer's source over the lake (otel_verl.ui._lake.LakeSource), its HTTP API and the
+report, without a browser (the browser tests are the ui tier: tests/ui). These ran over the SQLite
+index until the lake became the only read path; each checks what is still true of the viewer."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from hypothesis import strategies as st
 import otel_verl
 from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op, semconv
 from otel_verl.store import list_files
-from otel_verl.store._index import SAMPLING_WEIGHT, StoreIndex
+from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.report import write_report
 from otel_verl.ui.server import UIServer, dumps
+
+SAMPLING_WEIGHT = semconv.ROLLOUT_SAMPLING_WEIGHT
 
 
 @rollout_trace_op
@@ -44,49 +47,54 @@ def write_store(trace_dir, rewards, *, step=1, weight=None, prompt="What is 3+4?
     RolloutTraceConfig.reset()
 
 
-def test_index_is_incremental_and_waits_for_complete_lines(tmp_path):
+def test_new_lines_show_and_a_half_written_one_waits(tmp_path):
     write_store(tmp_path, [1.0, 0.0, 1.0, 0.0])
-    index = StoreIndex(tmp_path)
-    first = index.update()
-    assert first.new_spans == 8 and index.problems()["trajectories"] == 4
-    assert index.update().new_bytes == 0  # nothing new: nothing read
+    index = LakeSource(tmp_path, compact=False)
+    assert index.problems()["spans"] == 8 and index.problems()["trajectories"] == 4
+    assert not index.update()  # nothing new: not reopened
     path = list_files(tmp_path)[0]
     with open(path, "rb") as handle:
         line = handle.readline()
     with open(path, "ab") as handle:  # a writer in the middle of a line
         handle.write(line[:50])
-    stats = index.update()
-    assert stats.new_lines == 0 and index.problems()["files_with_incomplete_last_line"] == 1
+    assert index.update()
+    assert index.problems()["files_with_incomplete_last_line"] == 1
+    assert index.problems()["trajectories"] == 4
     with open(path, "ab") as handle:
         handle.write(line[50:])  # the same spans again: kept once
-    stats = index.update()
-    assert stats.new_lines == 1 and stats.new_bytes == len(line)
+    assert index.update()
     assert index.problems()["trajectories"] == 4
     assert index.problems()["files_with_incomplete_last_line"] == 0
     write_store(tmp_path, [1.0, 1.0], step=2)  # a second process, a second file
-    assert index.update().new_spans == 4
+    assert index.update()
     steps = {(s["step"], s["trajectories"]) for s in index.overview()}
     assert steps == {(1, 4), (2, 2)}
+    index.close()
 
 
-def test_replaced_file_rebuilds(tmp_path):
+@pytest.mark.parametrize("compacted", [False, True], ids=["raw", "compacted"])
+def test_a_replaced_file_is_read_as_it_is_now(tmp_path, compacted):
+    from otel_verl.store import compact
+
     write_store(tmp_path, [1.0, 0.0])
-    index = StoreIndex(tmp_path)
-    index.update()
+    if compacted:
+        compact(tmp_path, live_bytes=0)
+    index = LakeSource(tmp_path, compact=False)
+    assert index.problems()["trajectories"] == 2
     path = list_files(tmp_path)[0]
     with open(path, "rb") as handle:
         lines = handle.readlines()
     with open(path, "wb") as handle:
         handle.writelines(lines[:1])
-    assert index.update().rebuilt
+    assert index.update()
     assert index.problems()["trajectories"] == 1
+    index.close()
 
 
 def test_overview_is_weighted_and_counts_errors(tmp_path):
     write_store(tmp_path, [1.0, 0.0], weight=3.0)
     write_store(tmp_path, [0.0, None])  # weight 1; one trajectory fails before its reward
-    index = StoreIndex(tmp_path)
-    index.update()
+    index = LakeSource(tmp_path, compact=False)
     (step,) = index.overview()
     # rewards 1 (w3), 0 (w3), 0 (w1); the failed one has no reward
     assert step["reward_mean"] == pytest.approx(3 / 7)
@@ -117,8 +125,7 @@ def test_sampling_reports_give_what_ran_per_step(tmp_path):
     with open(tmp_path / "reports.jsonl", "w") as handle:  # two workers report step 1; step 2
         handle.write(_report_line(1, 10, 8, 1) + _report_line(1, 6, 6, 2)
                      + _report_line(2, 5, 5, 3))
-    index = StoreIndex(tmp_path)
-    index.update()
+    index = LakeSource(tmp_path, compact=False)
     steps = {s["step"]: s for s in index.overview()}
     assert steps[1]["trajectories"] == 2 and (steps[1]["ran"], steps[1]["dropped"]) == (16, 14)
     assert steps[2]["trajectories"] == 0 and steps[2]["ran"] == 5
@@ -133,37 +140,45 @@ def test_foreign_and_bad_lines_are_counted_not_fatal(tmp_path, caplog):
         {"traceId": "bad", "spanId": "x"}]}]}]}
     with open(tmp_path / "collector.json", "w") as handle:
         handle.write(json.dumps(foreign) + "\n[1, 2]\nnot json\n")
-    index = StoreIndex(tmp_path)
-    index.update()
+    index = LakeSource(tmp_path, compact=False)
     problems = index.problems()
     assert problems["bad_lines"] == 2 and problems["bad_spans"] == 1
     assert problems["partial_trajectories"] == 1 and problems["trajectories"] == 2
     assert not [r for r in caplog.records if "bad span" in r.getMessage()]  # counted, not spammed
 
 
-def test_read_only_store_indexes_into_the_user_cache(tmp_path, monkeypatch):
+def test_a_store_that_cannot_be_written_is_read_and_nothing_is_written_beside_it(
+        tmp_path, monkeypatch):
+    """The viewer's background compaction on a store it cannot write (a collector's read-only
+    output): it stops compacting, says so once, and keeps serving the raw files."""
     write_store(tmp_path / "store", [1.0])
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    real_access = os.access
-    store = str(tmp_path / "store")
-    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p).startswith(store)
-                        else real_access(p, mode))
-    index = StoreIndex(tmp_path / "store")
-    assert str(index.path).startswith(str(tmp_path / "home"))
-    assert index.update().new_spans == 2 and not (tmp_path / "store" / ".otel_verl_index").exists()
+    before = sorted(os.listdir(tmp_path / "store"))
+    from otel_verl.store import _compact
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "store"))
+
+    monkeypatch.setattr(_compact, "compact", refuse)
+    index = LakeSource(tmp_path / "store", compact=True)
+    index.background_step()
+    index.background_step()
+    assert index.compact is False and "Permission denied" in (index.last_error or "")
+    assert index.problems()["spans"] == 2 and index.trajectories()["total"] == 1
+    assert sorted(os.listdir(tmp_path / "store")) == before
+    index.close()
 
 
 @pytest.fixture
 def server(tmp_path):
     write_store(tmp_path, [1.0, 0.0], prompt="<script>alert(1)</script></script><!--")
-    index = StoreIndex(tmp_path)
-    index.update()
+    index = LakeSource(tmp_path, compact=False)
     srv = UIServer(index, port=0, poll_s=0.0)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
     srv.shutdown()
     srv.server_close()
+    index.close()
 
 
 def _get(url):
@@ -195,8 +210,7 @@ def test_server_binds_loopback_answers_get_only_with_a_strict_policy(server):
 
 def test_report_is_one_file_with_escaped_payloads(tmp_path):
     write_store(tmp_path / "s", [1.0, 0.0], prompt="</script><script>alert(1)</script>")
-    index = StoreIndex(tmp_path / "s")
-    index.update()
+    index = LakeSource(tmp_path / "s", compact=False)
     meta = write_report(index, tmp_path / "r.html", max_details=1)
     html = (tmp_path / "r.html").read_text()
     assert meta["rows"] == 2 and meta["details"] == 1

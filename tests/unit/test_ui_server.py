@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 import otel_verl
 from otel_verl import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
-from otel_verl.store._index import StoreIndex
 from otel_verl.ui import server as server_module
 from otel_verl.ui import views
+from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.server import UIServer
 
 PROMPT = "What is the secret 3+4?"
@@ -45,9 +45,9 @@ def index(tmp_path_factory):
             otel_verl.record_reward(reward, name="exact")
     RolloutTraceConfig.shutdown()
     RolloutTraceConfig.reset()
-    found = StoreIndex(trace_dir)
-    found.update()
-    return found
+    found = LakeSource(trace_dir, compact=False)
+    yield found
+    found.close()
 
 
 class Running:
