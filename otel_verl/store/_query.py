@@ -529,6 +529,30 @@ def write_trajectory_cache(lake: str, manifest: Manifest, new_spans: pa.Table | 
     return final
 
 
+def _copy_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    """:data:`DUPLICATE_ORDER` for a span row as :meth:`Lake.trajectory` reads it (``Timestamp``
+    in int nanoseconds): the later end, the more complete, then each column (None last)."""
+    values = [row["Timestamp"] if c == "start_ns" else row[c] for c in _MODEL_COLUMNS]
+    values += [row.get(c) for c in _TEXT_S.strip(", ").split(", ")]
+    end = (row["Timestamp"] + row["Duration"]
+           if row["Timestamp"] is not None and row["Duration"] is not None else None)
+    return (end is None, -(end or 0), -sum(v is not None for v in values[:len(_MODEL_COLUMNS)]),
+            *((v is None, v if v is not None else 0) for v in values))
+
+
+def _first_copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with one copy of each span id: the first by :data:`DUPLICATE_ORDER` (the copy
+    the ``trajectories`` rows read), whatever order the copies came in."""
+    if len({row["SpanId"] for row in rows}) == len(rows):
+        return rows
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        held = best.get(row["SpanId"])
+        if held is None or _copy_order(row) < _copy_order(held):
+            best[row["SpanId"]] = row
+    return list(best.values())
+
+
 class Lake:
     """The store as DuckDB views (see the module docstring for the schema).
 
@@ -920,8 +944,8 @@ class Lake:
             raw = self._raw
             if raw.num_rows:
                 tables.append(raw.filter(pc.equal(raw["TraceId"], trace_id)))
-        rows = [row for table in tables for row in _as_ints(table).to_pylist()
-                if row["source"] not in self._excluded]
+        rows = _first_copies([row for table in tables for row in _as_ints(table).to_pylist()
+                              if row["source"] not in self._excluded])
         rows.sort(key=lambda r: (r["Timestamp"] is None, r["Timestamp"] or 0, r["SpanId"]))
         seen: set[str] = set()
         out = []

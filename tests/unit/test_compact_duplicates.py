@@ -2,7 +2,7 @@
 span exported again after a change) is read as the same copy whatever the order of the store's
 files and lines: the trajectory model's dedupe and its first/last-by-start-time picks follow one
 documented order (``_query.DUPLICATE_ORDER``, ties by span id), in the read-back path (raw lines)
-and in compaction's cache path alike."""
+and in compaction's cache path alike, and a trajectory's page shows the same copy."""
 
 from __future__ import annotations
 
@@ -106,8 +106,16 @@ def _answers(store: Path) -> dict[str, Any]:
     with Lake.open(store) as lake:
         rows = lake.rows("SELECT * FROM trajectories_text")
         steps = lake.steps()
+        pages = {r["trace_id"]: [{k: _canon(v) for k, v in span.items()
+                                  if k not in ("source", "source_offset")}  # (the file, line)
+                                 for span in lake.trajectory(r["trace_id"])] for r in rows}
+    for r in rows:  # the page shows the copy the trajectory row read
+        if r["span_id"]:
+            (root,) = [s for s in pages[r["trace_id"]] if s["SpanId"] == r["span_id"]]
+            assert _canon(r["reward"]) == root["reward"]
     return {"trajectories": sorted(repr({k: _canon(v) for k, v in r.items()}) for r in rows),
-            "steps": sorted(repr({k: _canon(v) for k, v in r.items()}) for r in steps)}
+            "steps": sorted(repr({k: _canon(v) for k, v in r.items()}) for r in steps),
+            "pages": sorted(repr(p) for p in pages.values())}
 
 
 @settings(max_examples=8, deadline=None,
