@@ -37,11 +37,12 @@ class Trajectory:
     tag: tuple[Mapping[str, Any], int | None, Mapping[str, Any]] | None = dataclasses.field(
         default=None, init=False, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.enabled:
-            span_id = self.span.get_span_context().span_id if self.span is not None else None
-            object.__setattr__(self, "tag", (
-                self.attrs, span_id, {**self.attrs, OTEL_VERL_TRAJECTORY_CHILD: True}))
+    def make_tag(self) -> tuple[Mapping[str, Any], int | None, Mapping[str, Any]]:
+        """``tag``, made at the first span that asks (tracing off makes none)."""
+        span_id = self.span.get_span_context().span_id if self.span is not None else None
+        tag = (self.attrs, span_id, {**self.attrs, OTEL_VERL_TRAJECTORY_CHILD: True})
+        object.__setattr__(self, "tag", tag)
+        return tag
 
 
 TRAJECTORY: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(
@@ -54,6 +55,7 @@ def current_trajectory_attrs(
     ``otel_verl.trajectory_child``) of the current recorded trajectory, else None; the same
     tuple for every span of a trajectory."""
     traj = TRAJECTORY.get()
-    if traj is None:
+    if traj is None or not traj.enabled:
         return None
-    return traj.tag
+    tag = traj.tag
+    return tag if tag is not None else traj.make_tag()

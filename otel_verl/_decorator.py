@@ -40,7 +40,7 @@ from otel_verl._capture import (
 from otel_verl._hotpath import (
     attach_span,
     attribute_map,
-    clean_attributes,
+    cleaned,
     is_current,
     merge_clean,
     start_span,
@@ -225,7 +225,7 @@ class _OpCall:
             # re-checked by the SDK through its ABC dispatch): samplers and on_start hooks see
             # the trajectory attributes (TrajectoryAttributesProcessor), not the op's own
             span = start_span(runtime.tracer, spec.name, spec.span_kind)  # a LightSpan
-            merge_clean(span, clean_attributes(attrs))
+            merge_clean(span, cleaned(attrs))  # attrs: this call's own dict
             token = attach_span(span)
         except Exception as exc:
             _errors.internal_error(exc, f"starting span {spec.name}")

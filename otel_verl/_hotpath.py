@@ -78,6 +78,17 @@ def clean_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return dict(attrs)
 
 
+def cleaned(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``clean_attributes(attrs)`` for a dict the caller made and hands over: the dict itself
+    where it is clean already (no copy), else the cleaned copy."""
+    for key, value in attrs.items():
+        kind = type(value)
+        if type(key) is not str or not key or kind not in _PLAIN_TYPES and (
+                kind is not tuple or not all(type(x) in _PLAIN_TYPES for x in value)):
+            return clean_attributes(attrs)
+    return attrs
+
+
 def merge_clean(span: Any, attrs: Mapping[str, Any]) -> None:
     """Put already-clean attributes (from ``clean_attributes``) on a started span, in one step
     where that stores exactly what ``span.set_attributes(attrs)`` would, else through it."""
@@ -376,17 +387,60 @@ class LightSpan(_SDK_SPAN_TYPE):
                 type(events) is not tuple and events.dropped) or (
                 type(links) is not tuple and links.dropped):
             return super()._readable_span()
-        return ReadableSpan(
-            name=self._name, context=self._context, parent=self._parent,
-            resource=self._resource, attributes=bounded._dict,
-            events=events if type(events) is tuple else tuple(events),
-            links=links if type(links) is tuple else tuple(links), kind=self._kind,
-            status=self._status, start_time=self._start_time, end_time=self._end_time,
-            instrumentation_info=self._instrumentation_info,
-            instrumentation_scope=self._instrumentation_scope)
+        if not READABLE_FIELDS_OK:
+            return ReadableSpan(
+                name=self._name, context=self._context, parent=self._parent,
+                resource=self._resource, attributes=bounded._dict,
+                events=events if type(events) is tuple else tuple(events),
+                links=links if type(links) is tuple else tuple(links), kind=self._kind,
+                status=self._status, start_time=self._start_time, end_time=self._end_time,
+                instrumentation_info=self._instrumentation_info,
+                instrumentation_scope=self._instrumentation_scope)
+        # ``ReadableSpan(...)`` without its keyword call: the same fields (``_readable_ok``)
+        span: Any = _new_object(ReadableSpan)
+        span._name = self._name
+        span._context = self._context
+        span._kind = self._kind
+        span._instrumentation_info = self._instrumentation_info
+        span._instrumentation_scope = self._instrumentation_scope
+        span._parent = self._parent
+        span._start_time = self._start_time
+        span._end_time = self._end_time
+        span._attributes = bounded._dict
+        span._events = events if type(events) is tuple else tuple(events)
+        span._links = links if type(links) is tuple else tuple(links)
+        span._resource = self._resource
+        span._status = self._status
+        return span
 
 
 _SPAN_TYPES = (_SDK_SPAN_TYPE, LightSpan)
+_new_object = object.__new__
+_READABLE_FIELDS = ("_name", "_context", "_kind", "_instrumentation_info",
+                    "_instrumentation_scope", "_parent", "_start_time", "_end_time",
+                    "_attributes", "_events", "_links", "_resource", "_status")
+
+
+def _readable_ok() -> bool:
+    """``ReadableSpan.__init__`` sets exactly ``_READABLE_FIELDS``, each from its argument (the
+    resource too, when one is given), and nothing else."""
+    try:
+        probe = sdk_trace.Resource.create({})
+        values: dict[str, Any] = {field: object() for field in _READABLE_FIELDS}
+        made = ReadableSpan(
+            name=values["_name"], context=values["_context"], parent=values["_parent"],
+            resource=probe, attributes=values["_attributes"], events=values["_events"],
+            links=values["_links"], kind=values["_kind"], status=values["_status"],
+            start_time=values["_start_time"], end_time=values["_end_time"],
+            instrumentation_info=values["_instrumentation_info"],
+            instrumentation_scope=values["_instrumentation_scope"])
+        values["_resource"] = probe
+        return vars(made) == values and all(vars(made)[k] is v for k, v in values.items())
+    except Exception:  # noqa: BLE001 - any surprise: the constructor
+        return False
+
+
+READABLE_FIELDS_OK = _readable_ok()
 
 # -- the processors' hooks, without the SDK's no-ops ---------------------------------------------
 #
