@@ -123,24 +123,14 @@ def _cli_list(store: str, step: int) -> float:
 
 
 def _today(store: str) -> dict[str, float]:
-    """What the store's readers do today: the viewer's SQLite index build, and the CLI's
-    ``traces list --step 1`` (read_spans + group_trajectories of the whole store)."""
+    """What the CLI's ``traces list --step 1`` did before the lake (read_spans +
+    group_trajectories of the whole store, the library functions it used). The SQLite index
+    it was compared with is gone (issue 19: the lake is the only read path)."""
     from otel_verl.store import filter_trajectories, group_trajectories, read_spans
-    from otel_verl.store._index import StoreIndex
 
-    index_dir = tempfile.mkdtemp(prefix="bench_lake_index_")
-    try:
-        index = StoreIndex(store, index_path=os.path.join(index_dir, "index.sqlite3"))
-        built = _timed(index.update)[0]
-        overview = statistics.median(_timed(index.overview)[0] for _ in range(3))
-        index.close()
-        index_bytes = _size(index_dir)
-    finally:
-        shutil.rmtree(index_dir, ignore_errors=True)
     listing = _timed(lambda: filter_trajectories(group_trajectories(read_spans(store)),
                                                  step=1))[0]
-    return {"sqlite_index_s": built, "sqlite_overview_ms": overview * 1e3,
-            "sqlite_mb": index_bytes / 1e6, "old_list_s": listing}
+    return {"old_list_s": listing}
 
 
 @contextlib.contextmanager
@@ -275,10 +265,8 @@ def main() -> None:
     last = rows[-1]
     first = rows[0]
     print("\n| what | measured | target |\n|---|---|---|")
-    print(f"| today, {first['trajectories']:,} traj.: SQLite index build / overview / size; CLI "
-          f"traces list --step | {first['sqlite_index_s']:.1f} s / "
-          f"{first['sqlite_overview_ms']:.0f} ms / {first['sqlite_mb'] / first['store_mb']:.2f}x"
-          f" / {first['old_list_s']:.1f} s | |")
+    print(f"| before the lake, {first['trajectories']:,} traj.: the CLI's whole-store "
+          f"traces list --step | {first['old_list_s']:.1f} s | |")
     for r in rows:
         print(f"| compaction + index vs orjson parsing the same lines, {r['trajectories']:,} "
               f"traj. | {r['compact_s'] + r['open_s']:.2f} s vs {r['parse_s']:.2f} s = "
