@@ -1,4 +1,4 @@
-"""The viewer at scale: index build rate and page latencies on a generated store.
+"""The viewer at scale: the lake's compaction and open, and page latencies on a generated store.
 
 A store of ``--trajectories`` (default 100,000) GRPO-style trajectories is generated in the local
 store's format: 12 spans each (trajectory, agent run, 2 x generate + GenAI chat + the engine's
@@ -7,16 +7,18 @@ call, the reward), ~1.2M spans, realistic payloads (messages, token ids). The te
 is recorded through otel_verl's own API and encoder; copies get new ids, identities, rewards,
 token counts and times.
 
-Measured (one run, side by side):
-- index build: spans/s and MB/s for the first ``StoreIndex.update`` (what ``otel-verl ui`` does
-  once per store), the index's size, a no-op update, and an incremental update after 1,000 new
-  trajectories were appended (what a live run costs per poll);
+Measured (one run, side by side; the viewer reads through the lake only, the lake extra):
+- the floor: ``orjson`` merely parsing every line of the store;
+- compaction (what ``otel-verl ui`` does in the background): spans/s, against that floor, and
+  the lake's size against the store's; then opening the lake over the segments plus 1,000 new
+  trajectories appended raw (a live run), and over the raw files alone (nothing compacted yet);
 - HTTP latency (median of 5, the real server on 127.0.0.1) of: the overview, the first table
   page, a filtered + sorted page, a free-text search, one trajectory page, a GRPO group, a prompt
-  through training; with the lake extra, the same routes over the lake (the same files,
-  compacted but for the +1,000 file), interleaved, every answer compared with the index's;
-- baseline: what the terminal CLI does (``read_spans`` + ``group_trajectories`` over the whole
-  store), measured on a 10,000-trajectory slice of the same store and scaled per trajectory.
+  through training; over the compacted lake and over the raw files, interleaved, every answer
+  compared between the two;
+- baseline: what the terminal CLI did before the lake (``read_spans`` + ``group_trajectories``
+  over the whole store), measured on a 10,000-trajectory slice and scaled per trajectory.
+(The SQLite index it used to be compared with is gone: issue 19.)
 
 Run: python bench/bench_ui.py [--trajectories N] [--keep DIR]
 """
@@ -44,16 +46,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import otel_verl
 from otel_verl import rollout_trace_attr, rollout_trace_op, semconv
 from otel_verl.exporters._file_exporter import encode_request
-from otel_verl.store import group_trajectories, read_spans
-from otel_verl.store._index import StoreIndex
+from otel_verl.store import group_trajectories, list_files, read_spans
+from otel_verl.store._compact import compact
 from otel_verl.testing import capture_spans
+from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.server import UIServer
-
-try:  # the lake extra: the viewer's new read path, measured beside the index
-    from otel_verl.store._compact import compact
-    from otel_verl.ui._lake import LakeSource
-except ImportError:  # pragma: no cover - without duckdb only the index is measured
-    compact = LakeSource = None  # type: ignore[assignment,misc]
 
 STEP, SAMPLE, ROLLOUT = 987654321, 987654322, 987654323
 REWARD, TOKENS = 0.123456789, 876543
@@ -216,9 +213,26 @@ def _median_ms(url: str, rounds: int = 5) -> tuple[float, bytes]:
     return statistics.median(times) * 1e3, body
 
 
+def _files(directory: str) -> list[str]:
+    return [os.path.join(d, f) for d, _, names in os.walk(directory) for f in names]
+
+
+def _orjson_parse(store: str) -> float:
+    """Seconds for orjson to parse every line of the store's files (the floor)."""
+    import orjson
+
+    started = time.perf_counter()
+    for path in list_files(store):
+        with open(path, "rb") as handle:
+            for line in handle:
+                if line.strip():
+                    orjson.loads(line)
+    return time.perf_counter() - started
+
+
 def _comparable(answer: Any) -> Any:
-    """An answer with the keys both read paths give (the lake's steps carry a few more: the
-    index has no detectors' flags)."""
+    """An answer with the keys every step has (a step only a sampling report names has fewer),
+    floats to 9 digits (sums may add in another order)."""
     if isinstance(answer, dict) and "steps" in answer:
         keys = set.intersection(*(set(s) for s in answer["steps"])) if answer["steps"] else set()
         return {"steps": [{k: (round(v, 9) if isinstance(v, float) else v)
@@ -250,43 +264,30 @@ def main() -> None:
         size = sum(os.path.getsize(os.path.join(store, f)) for f in os.listdir(store))
         print(f"store: {args.trajectories} trajectories, {spans} spans, {size / 1e6:.0f} MB "
               f"({time.perf_counter() - started:.0f}s)", flush=True)
-        index_path = os.path.join(root, "index.sqlite3")
-        for stale in (index_path, index_path + "-wal", index_path + "-shm"):
-            if os.path.exists(stale):
-                os.remove(stale)
-
-        index = StoreIndex(store, index_path)
-        stats = index.update()
-        print(f"index build: {stats.seconds:.1f}s = {stats.new_spans / stats.seconds:,.0f} "
-              f"spans/s, {stats.new_bytes / 1e6 / stats.seconds:.0f} MB/s; index "
-              f"{os.path.getsize(index.path) / 1e6:.0f} MB "
-              f"({index.problems()['trajectories']} trajectories)")
-        noop = index.update()
-        print(f"no-op update: {noop.seconds * 1e3:.1f} ms")
-        generate_store(store, 1000, start=args.trajectories)
-        more = index.update()
-        print(f"incremental update (+1000 trajectories, {more.new_spans} spans): "
-              f"{more.seconds:.2f}s")
-
-        sources: dict[str, Any] = {"index": index}
-        if LakeSource is not None:
-            lake_store = os.path.join(root, "lake_store")  # the same files, compacted beside
-            shutil.rmtree(lake_store, ignore_errors=True)
-            shutil.copytree(store, lake_store, ignore=shutil.ignore_patterns(".otel_verl_*"))
-            extra = [f for f in os.listdir(lake_store)
-                     if f.endswith(f"{args.trajectories:08d}.jsonl")]
-            for name in extra:  # compact the first store; the +1000 file stays raw (live)
-                os.rename(os.path.join(lake_store, name), os.path.join(root, name))
-            done = compact(lake_store, live_bytes=0)
-            for name in extra:
-                os.rename(os.path.join(root, name), os.path.join(lake_store, name))
-            print(f"lake compaction: {done.seconds:.1f}s = {done.spans / done.seconds:,.0f} "
-                  f"spans/s ({done.segments} segments)")
+        parse = _orjson_parse(store)
+        print(f"floor, orjson parsing every line: {parse:.1f}s = {spans / parse:,.0f} spans/s",
+              flush=True)
+        raw_store = os.path.join(root, "raw_store")  # the same files, never compacted
+        shutil.rmtree(raw_store, ignore_errors=True)
+        shutil.copytree(store, raw_store, ignore=shutil.ignore_patterns(".otel_verl_*"))
+        lake_store = os.path.join(root, "lake_store")  # the same files, compacted
+        shutil.rmtree(lake_store, ignore_errors=True)
+        shutil.copytree(store, lake_store, ignore=shutil.ignore_patterns(".otel_verl_*"))
+        done = compact(lake_store, live_bytes=0)
+        lake_mb = sum(os.path.getsize(p) for p in _files(os.path.join(lake_store,
+                                                                       ".otel_verl_lake"))) / 1e6
+        print(f"lake compaction: {done.seconds:.1f}s = {done.spans / done.seconds:,.0f} spans/s "
+              f"({done.seconds / parse:.1f}x the parse; {done.segments} segments; lake "
+              f"{lake_mb:.0f} MB = {lake_mb / (size / 1e6):.3f}x the store)")
+        for where in (lake_store, raw_store):  # a live run: 1,000 more trajectories, raw
+            generate_store(where, 1000, start=args.trajectories)
+        sources: dict[str, Any] = {}
+        for name, where in (("lake", lake_store), ("raw", raw_store)):
             started = time.perf_counter()
-            sources["lake"] = LakeSource(lake_store, compact=False)
-            print(f"lake open (segments + the raw +1000 file read directly): "
-                  f"{time.perf_counter() - started:.2f}s "
-                  f"({sources['lake'].problems()['trajectories']} trajectories)")
+            sources[name] = LakeSource(where, compact=False)
+            print(f"lake open, {'segments + the raw +1000 file' if name == 'lake' else 'every file raw'}"
+                  f": {time.perf_counter() - started:.2f}s "
+                  f"({sources[name].problems()['trajectories']} trajectories)", flush=True)
         bases = {}
         servers = []
         for name, source in sources.items():
@@ -296,7 +297,7 @@ def main() -> None:
             bases[name] = server.url + "api/"
         steps = args.trajectories // (PROMPTS * N)
         mid = max(1, steps // 2)
-        _, body = _get(bases["index"] + f"trajectories?step={mid}&sample_index=3")
+        _, body = _get(bases["lake"] + f"trajectories?step={mid}&sample_index=3")
         key = json.loads(body)["rows"][0]["key"]
         routes = (
             ("overview (all steps)", "overview"),
@@ -317,20 +318,21 @@ def main() -> None:
                     seconds, body = _get(base + route)
                     times[name].append(seconds)
                     answers[name] = json.loads(body)
-            if "lake" in answers:  # every route: the same answer from both read paths
-                same = _comparable(answers["index"]) == _comparable(answers["lake"])
-                label += "" if same else " (answers differ!)"
+            # every route: the same answer compacted and raw
+            same = _comparable(answers["raw"]) == _comparable(answers["lake"])
+            label += "" if same else " (answers differ!)"
             rows.append((label, {n: statistics.median(t) * 1e3 for n, t in times.items()},
                          len(body)))
         for server in servers:
             server.shutdown()
         names = list(bases)
         print(f"{'HTTP request (median of 5, interleaved)':<46}"
-              + "".join(f"{n + ' ms':>11}" for n in names)
-              + (f"{'lake/index':>12}" if "lake" in bases else ""))
+              + "".join(f"{n + ' ms':>11}" for n in names) + f"{'raw/lake':>12}")
         for label, ms, _ in rows:
-            ratio = f"{ms['lake'] / ms['index']:12.2f}" if "lake" in ms else ""
-            print(f"{label:<46}" + "".join(f"{ms[n]:11.1f}" for n in names) + ratio)
+            print(f"{label:<46}" + "".join(f"{ms[n]:11.1f}" for n in names)
+                  + f"{ms['raw'] / ms['lake']:12.2f}")
+        for source in sources.values():
+            source.close()
 
         # baseline: the CLI's whole-store read, on a 10,000-trajectory slice of the same store
         sample = min(10_000, args.trajectories)
@@ -340,10 +342,11 @@ def main() -> None:
         grouped = group_trajectories(read_spans(slice_dir, warn=False))
         full = time.perf_counter() - started
         per_100k = full * 100_000 / sample
-        overview_ms = rows[0][1]["index"]
+        overview_ms = rows[0][1]["lake"]
         print(f"baseline, read_spans + group_trajectories ({sample} trajectories, "
               f"{len(grouped)} grouped): {full:.1f}s -> ~{per_100k:.0f}s per 100k; "
-              f"index overview is {per_100k * 1e3 / overview_ms:,.0f}x faster than re-reading")
+              f"the lake's overview is {per_100k * 1e3 / overview_ms:,.0f}x faster than "
+              "re-reading")
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -28,11 +28,14 @@ warning.
 
 The rest of the read side is here too, loaded on first use, so that importing this package
 stays cheap and pulls neither DuckDB nor pyarrow (the ``lake`` extra) until one is used:
-:class:`Lake` (the query layer), :func:`compact` (Parquet compaction), :class:`StoreIndex` (the
-SQLite fallback), :func:`filter_clauses` (the trajectory filters as SQL), :func:`live_board`,
+:class:`Lake` (the query layer, and the one engine of the statistics: the weighted step
+statistics are :meth:`Lake.steps`), :func:`compact` (Parquet compaction),
+:func:`filter_clauses` (the trajectory filters as SQL), :func:`live_board`,
 :func:`export_file`, :class:`ContentIndex` and the span-meaning helpers the viewer shows
 (:func:`is_llm_span`, :func:`first_error`, ...); :func:`lake_available` says whether the extra is
-installed. The whole list is ``_LAZY`` below.
+installed. The whole list is ``_LAZY`` below. ``StoreIndex``, ``IndexStats``,
+``default_index_path``, ``step_statistics`` and ``StepStatistics`` were removed with the SQLite
+index and the whole-store statistics (``_REMOVED`` says what replaces each).
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ from otel_verl._otlp_json import decode_line, iter_spans, spans_from_otlp_json
 __all__ = [
     "ReadStats",
     "SpanNode",
-    "StepStatistics",
     "Trajectory",
     "filter_spans",
     "filter_trajectories",
@@ -61,7 +63,6 @@ __all__ = [
     "read_spans",
     "sampling_reports",
     "spans_from_otlp_json",
-    "step_statistics",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -610,83 +611,6 @@ def sampling_reports(spans: Iterable[dict[str, Any]]) -> dict[StepKey, dict[str,
     return totals
 
 
-@dataclass
-class StepStatistics:
-    """Per-step figures over the exported trajectories, weighted so they estimate every
-    trajectory that ran (see docs/sampling.md).
-
-    Attributes:
-        traced: exported trajectories of the step in the store.
-        by_reason: how many of them per ``rollout.sampling.reason``.
-        estimated: the sum of their weights: an estimate of how many trajectories ran.
-        reward_mean: the weighted mean reward (sum w*r / sum w over those with a reward).
-        reward_mean_unweighted: the plain mean over the exported ones (biased when tail rules
-            keep outliers and errors).
-        error_rate: the weighted share of trajectories with a span in error.
-        ran / dropped: what the workers' sampling reports say (None without reports).
-    """
-
-    experiment: Any
-    validate: Any
-    step: Any
-    traced: int = 0
-    by_reason: dict[str, int] = field(default_factory=dict)
-    estimated: float = 0.0
-    reward_mean: float | None = None
-    reward_mean_unweighted: float | None = None
-    error_rate: float | None = None
-    ran: int | None = None
-    dropped: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def step_statistics(trajectories: Iterable[Trajectory],
-                    reports: dict[StepKey, dict[str, int]] | None = None) -> list[StepStatistics]:
-    """Per (experiment, validate, step): counts, weighted mean reward and error rate.
-
-    Only trajectories with their trajectory span count (a partial one has no weight).
-    """
-    acc: dict[StepKey, dict[str, Any]] = {}
-    for trajectory in trajectories:
-        if trajectory.root is None:
-            continue
-        key = (trajectory.experiment, trajectory.validate, trajectory.step)
-        a = acc.setdefault(key, {"n": 0, "reasons": {}, "w": 0.0, "wr": 0.0, "wsum_r": 0.0,
-                                 "r": [], "werr": 0.0})
-        weight = trajectory.sampling_weight
-        a["n"] += 1
-        reason = trajectory.sampling_reason or "unknown"
-        a["reasons"][reason] = a["reasons"].get(reason, 0) + 1
-        a["w"] += weight
-        if trajectory.errors:
-            a["werr"] += weight
-        reward = finite_number(trajectory.reward)
-        if reward is not None:
-            a["wr"] += weight * reward
-            a["wsum_r"] += weight
-            a["r"].append(reward)
-    reports = reports or {}
-    result = []
-    for key in sorted(set(acc) | set(reports), key=lambda k: tuple(repr(v) for v in k)):
-        found = acc.get(key)
-        stats = StepStatistics(*key)
-        if found is not None:
-            a = found
-            stats.traced = a["n"]
-            stats.by_reason = a["reasons"]
-            stats.estimated = a["w"]
-            stats.reward_mean = a["wr"] / a["wsum_r"] if a["wsum_r"] > 0 else None
-            stats.reward_mean_unweighted = sum(a["r"]) / len(a["r"]) if a["r"] else None
-            stats.error_rate = a["werr"] / a["w"] if a["w"] > 0 else None
-        report = reports.get(key)
-        if report is not None:
-            stats.ran, stats.dropped = report.get("ran", 0), report.get("dropped", 0)
-        result.append(stats)
-    return result
-
-
 # --- the rest of the read side, loaded on first use ---------------------------------------------
 
 #: public name -> (private module of this package, its name there). Not in ``__all__``: a star
@@ -695,7 +619,6 @@ _LAZY: dict[str, tuple[str, str]] = {
     **{name: ("_query", name) for name in ("Lake", "LakeState")},
     **{name: ("_compact", name) for name in ("Manifest", "compact", "main_progress",
                                              "pending_bytes")},
-    **{name: ("_index", name) for name in ("IndexStats", "StoreIndex", "default_index_path")},
     **{name: ("_record", name) for name in ("answer_text", "decode_quietly", "first_error",
                                             "is_llm_span", "is_tool_error", "is_tool_span",
                                             "json_or_none", "prompt_and_response",
@@ -725,9 +648,6 @@ if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads th
     from otel_verl.store._filters import filter_clauses as filter_clauses
     from otel_verl.store._filters import page_window as page_window
     from otel_verl.store._filters import sort_column as sort_column
-    from otel_verl.store._index import IndexStats as IndexStats
-    from otel_verl.store._index import StoreIndex as StoreIndex
-    from otel_verl.store._index import default_index_path as default_index_path
     from otel_verl.store._lines import LineCache as LineCache
     from otel_verl.store._lines import line_at as line_at
     from otel_verl.store._live import live_board as live_board
@@ -745,11 +665,27 @@ if TYPE_CHECKING:  # the same names, typed (at run time ``__getattr__`` loads th
     from otel_verl.store._record import reward_label as reward_label
 
 
+#: public names removed when the lake became the only statistics and read engine (issue 19),
+#: and what replaces each: asking for one says so
+_REMOVED: dict[str, str] = {
+    "StoreIndex": "the SQLite index is gone: the viewer reads through the lake "
+                  "(otel_verl.store.Lake; otel_verl.ui._lake.LakeSource)",
+    "IndexStats": "the SQLite index is gone (otel_verl.store.Lake.state says what was read)",
+    "default_index_path": "the SQLite index is gone: the lake lives in <trace_dir>/.otel_verl_lake",
+    "step_statistics": "the step statistics have one implementation, the lake's: "
+                       "otel_verl.store.Lake.open(trace_dir).steps()",
+    "StepStatistics": "the step statistics are the rows of otel_verl.store.Lake.steps() (dicts)",
+}
+
+
 def __getattr__(name: str) -> Any:
     """A name of ``_LAZY``, from its module (imported now, once; not cached here, so a test that
     patches the module is seen)."""
     place = _LAZY.get(name)
     if place is None:
+        if name in _REMOVED:
+            raise AttributeError(f"otel_verl.store.{name} was removed: {_REMOVED[name]} "
+                                 f"({LAKE_EXTRA.removeprefix('this needs ')})")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, attribute = place
     return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)

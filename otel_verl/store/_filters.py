@@ -1,9 +1,10 @@
 """What a query of the trajectory table may ask, as SQL: the filters, the sort, the page.
 
-The viewer (:meth:`otel_verl.store._index.StoreIndex.trajectories` over SQLite and
-:meth:`otel_verl.ui._lake.LakeSource.trajectories` over DuckDB) and ``otel-verl traces list``
-filter the same rows the same way; this module is that rule, written once. The dialects differ
-only where SQL does, and :class:`Dialect` names each difference.
+The viewer (:meth:`otel_verl.ui._lake.LakeSource.trajectories`), the query layer
+(:meth:`otel_verl.store.Lake.trajectories`) and ``otel-verl traces list`` filter the same rows the
+same way, all over DuckDB; this module is that rule, written once. :class:`Dialect` names what
+would differ in another SQL (:data:`SQLITE`, the old SQLite index's spelling, is no read path's
+any more: tests/unit/test_filters.py still runs the rule on both engines).
 
 Every value is checked before it reaches SQL: an integer filter takes an integer within 64 bits
 (an ``int`` or another :class:`numbers.Integral`, such as a numpy integer read from a frame; not a
@@ -144,7 +145,7 @@ class Dialect:
     flag: str | None = None
 
 
-#: the SQLite index (:class:`otel_verl.store._index.StoreIndex`)
+#: the rule in SQLite (the SQLite index's, removed in issue 19; kept for the rule's cross-check)
 SQLITE = Dialect(name="sqlite", validate=int, text="instr(search, ?) > 0",
                  trace_prefix="trace_id LIKE ?", prefix_param=_like_prefix)
 #: the lake (:class:`otel_verl.store._query.Lake`): ``trajectories`` beside the ``spans`` view

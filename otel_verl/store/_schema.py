@@ -20,7 +20,7 @@ exporter's): ``experiment``, ``project``, ``step``, ``sample_index``, ``rollout_
 ``rollout.sampling.*`` integers), and where it came from: ``source`` (the store file, relative)
 and ``source_offset`` (the byte offset of its line).
 
-Last, the viewer's text of a span (:func:`span_texts`, the SQLite index's rule): ``text_prompt``
+Last, the viewer's text of a span (:func:`span_texts`, the trajectory model's rule): ``text_prompt``
 and ``text_response`` (the user prompt and the answer its payloads show, cut at
 :data:`TEXT_MAX` characters) and ``text_tool`` (a tool call as ``name(arguments) -> result``);
 the ``trajectories`` rows build their ``prompt``, ``response`` and ``search`` columns from them.
@@ -107,7 +107,7 @@ SPAN_SCHEMA = pa.schema([
     ("report_counts", pa.map_(pa.string(), pa.int64())),
     ("source", pa.string()),
     ("source_offset", pa.int64()),
-    # the viewer's text, as the SQLite index derives it (otel_verl.store._index._compact)
+    # the viewer's text (span_texts: otel_verl.store._record.prompt_and_response)
     ("text_prompt", pa.string()),
     ("text_response", pa.string()),
     ("text_tool", pa.string()),
@@ -167,16 +167,16 @@ def _ns(value: int | None) -> int | None:
 
 
 _FLAT_MAPS = ("ResourceAttributes", "SpanAttributes")
-#: a span's prompt / answer text is cut at this many characters (the SQLite index's)
+#: a span's prompt / answer text is cut at this many characters
 TEXT_MAX = 2000
 _TEXT_KEYS = frozenset({semconv.INPUT_VALUE, semconv.OUTPUT_VALUE, semconv.GEN_AI_INPUT_MESSAGES,
                         semconv.GEN_AI_OUTPUT_MESSAGES})
 
 
 def span_texts(span: SpanRecord) -> tuple[str | None, str | None, str | None]:
-    """A span's prompt, answer and tool-call text, as the SQLite index keeps them (its
-    ``_compact``: the same functions, the same cuts), so both read paths search the same text;
-    valid UTF-8 (a payload's JSON may hold lone surrogates: replaced, as the index does)."""
+    """A span's prompt, answer and tool-call text (:func:`otel_verl.store._record.prompt_and_response`
+    and :func:`~otel_verl.store._record.snippet`, the rule the SQLite index had: the same cuts),
+    valid UTF-8 (a payload's JSON may hold lone surrogates: replaced)."""
     a = span["attributes"]
     prompt = response = tool = None
     if not _TEXT_KEYS.isdisjoint(a):

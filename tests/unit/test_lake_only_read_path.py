@@ -5,6 +5,7 @@ trajectory from the raw files) still works; nothing in otel_verl imports ``sqlit
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import subprocess
 import sys
@@ -19,6 +20,8 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec is not None and _spec.loader is not None
 S = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(S)
+
+PACKAGE = Path(__file__).resolve().parents[2] / "otel_verl"
 
 #: a child that cannot import the blocked modules (a ``sys.meta_path`` finder refusing them, as
 #: an installation without them would), then runs the CLI
@@ -88,3 +91,36 @@ def test_traces_show_reads_one_trajectory_from_the_raw_files_without_the_extra(
     result = _child(("duckdb", "pyarrow"), ["traces", "show", trace_id, "--dir", str(store)])
     assert result.returncode == 0, result.stderr
     assert f"trace {trace_id}" in result.stdout and "trajectory" in result.stdout
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_nothing_in_otel_verl_imports_sqlite3() -> None:
+    """The SQLite index is gone: no module of the package imports ``sqlite3`` (statically:
+    ``import`` statements anywhere, functions included)."""
+    users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if "sqlite3" in _imports(p))
+    assert users == []
+    assert not (PACKAGE / "store" / "_index.py").exists()
+
+
+@pytest.mark.parametrize("name", ["StoreIndex", "IndexStats", "default_index_path",
+                                  "step_statistics", "StepStatistics"])
+def test_a_removed_public_name_says_what_replaces_it(name: str) -> None:
+    """Removed, not silently: the attribute error names the replacement and the extra (a
+    ``from otel_verl.store import ...`` says only "cannot import name": Python's wording)."""
+    import otel_verl.store as store
+
+    with pytest.raises(AttributeError, match="was removed: .*lake.*pip install 'otel-verl"):
+        getattr(store, name)
+    with pytest.raises(ImportError):
+        exec(f"from otel_verl.store import {name}", {})
+    assert name not in store.__all__ and name not in dir(store)
