@@ -8,7 +8,9 @@ Cases:
 - light:  ``rollout_trace_op`` as it runs (``otel_verl._hotpath.LightSpan``)
 - sdkpath: the same op with the light span turned off (the tracer's own ``start_span``)
 
-Also printed: objects the cyclic GC tracks per open span, each way.
+Also printed: objects the cyclic GC tracks per open span, each way, and the GC-counted
+allocations a traced op adds while open and once ended (``tests/unit/test_span_path_cost.py``
+keeps the latter from growing back).
 
 Run: ``python bench/bench_span_path.py [--blocks 60] [--n 200] [--metadata-only]``.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_verl import RolloutTraceConfig, _hotpath, rollout_trace_attr
+from otel_verl import RolloutTraceConfig, _hotpath, rollout_trace_attr, rollout_trace_op
 from otel_verl._state import STATE
 from otel_verl.exporters._processor import BoundedBatchProcessor
 
@@ -49,6 +51,39 @@ def _tracked_per_open_span(start: Callable[[], object], n: int = 300) -> float:
     for span in spans:
         span.end()  # type: ignore[attr-defined]
     return held / n
+
+
+def _gc_counted_per_op(op: Callable[[], object], n: int = 40) -> tuple[float, float]:
+    """What one call of ``op`` adds to the young generation's allocation counter (the one that
+    starts a collection at 700), with the GC off: while the op runs (read inside it through
+    ``_INSIDE``) and once it has returned (its finished span waiting for export)."""
+    for _ in range(20):
+        op()
+    inside = after = 0
+    for _ in range(n):
+        gc.collect()
+        gc.disable()
+        try:
+            start = gc.get_count()[0]
+            op()
+            end = gc.get_count()[0]
+        finally:
+            gc.enable()
+        inside += _INSIDE[0] - start
+        after += end - start
+    return inside / n, after / n
+
+
+_INSIDE = [0]
+
+
+class _CountingLoop:
+    """``Loop.generate`` that notes the allocation counter while its span is open."""
+
+    @rollout_trace_op
+    def generate(self, messages, temperature=1.0):
+        _INSIDE[0] = gc.get_count()[0]
+        return {"n": len(messages)}
 
 
 def main() -> int:
@@ -130,6 +165,16 @@ def main() -> int:
     print(f"  op in a trajectory (SDK path)   / SDK span, same attributes   "
           f"{ratio['sdkpath']:.2f}x")
     print(f"  GC-tracked objects per open span: SDK {tracked_sdk:.1f}, light {tracked_light:.1f}")
+    counting = _CountingLoop()
+    with rollout_trace_attr(step=1, sample_index=2, rollout_n=0):
+        traced = _gc_counted_per_op(lambda: counting.generate(MESSAGES))
+    RolloutTraceConfig.shutdown(timeout_s=120.0)  # the queued spans delivered, then off
+    RolloutTraceConfig.reset()
+    with rollout_trace_attr(step=1, sample_index=2, rollout_n=0):
+        untraced = _gc_counted_per_op(lambda: counting.generate(MESSAGES))
+    print(f"  GC-counted allocations a traced op adds (vs tracing off): "
+          f"{traced[0] - untraced[0]:.1f} while open, {traced[1] - untraced[1]:.1f} once ended "
+          f"(the young collection starts at {gc.get_threshold()[0]})")
     RolloutTraceConfig.shutdown()
     processor.shutdown()
     return 0
