@@ -279,8 +279,12 @@ def main() -> None:
         print(f"lake compaction: {done.seconds:.1f}s = {done.spans / done.seconds:,.0f} spans/s "
               f"({done.seconds / parse:.1f}x the parse; {done.segments} segments; lake "
               f"{lake_mb:.0f} MB = {lake_mb / (size / 1e6):.3f}x the store)")
-        for where in (lake_store, raw_store):  # a live run: 1,000 more trajectories, raw
-            generate_store(where, 1000, start=args.trajectories)
+        # a live run: 1,000 more trajectories, raw; the same files in both (a template is
+        # recorded per call, with its own durations)
+        before = set(os.listdir(raw_store))
+        generate_store(raw_store, 1000, start=args.trajectories)
+        for name in sorted(set(os.listdir(raw_store)) - before):
+            shutil.copy(os.path.join(raw_store, name), os.path.join(lake_store, name))
         sources: dict[str, Any] = {}
         for name, where in (("lake", lake_store), ("raw", raw_store)):
             started = time.perf_counter()

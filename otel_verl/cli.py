@@ -349,11 +349,14 @@ def _open_lake(args: argparse.Namespace) -> Any:
 
     Compacts closed files first when more than ``PROGRESS_MIN_BYTES`` of them are not compacted
     yet and the store is writable (with progress on stderr)."""
-    from otel_verl.store import Lake, compact, main_progress, pending_bytes
-    from otel_verl.ui._lake import store_directory
+    from otel_verl.store import compact, main_progress, pending_bytes
+    from otel_verl.ui._lake import open_lake, store_directory
 
     directory, whole = store_directory(args.dir)
-    closed, live = pending_bytes(directory)
+    try:
+        closed, live = pending_bytes(directory)
+    except Exception:  # noqa: BLE001 - a damaged lake: open_lake below sets it aside
+        closed = live = 0
     wanted = getattr(args, "progress", None)
     if whole and closed >= PROGRESS_MIN_BYTES and os.access(directory, os.W_OK):
         show = wanted if wanted is not None else sys.stderr.isatty()
@@ -366,7 +369,8 @@ def _open_lake(args: argparse.Namespace) -> Any:
     show = wanted if wanted is not None else raw >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
     progress = _Progress(raw, sys.stderr) if show else None
     try:
-        lake = Lake.open(directory, progress)
+        lake, _ = open_lake(directory, progress,
+                            say=lambda text: print(text, file=sys.stderr, flush=True))
     finally:
         if progress is not None:
             progress.close()

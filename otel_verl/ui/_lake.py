@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import fcntl
 import logging
 import os
 import shutil
@@ -39,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -63,9 +64,10 @@ if TYPE_CHECKING:
     from otel_verl.store import Lake
     from otel_verl.ui.views import Source
 
-__all__ = ["LakeSource", "lake_available", "open_source", "store_directory"]
+__all__ = ["LakeSource", "lake_available", "open_lake", "open_source", "store_directory"]
 
 _logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: decoded store lines kept for trajectory pages (the rollouts of a group share their lines)
 _LINE_CACHE = 16
@@ -129,16 +131,22 @@ class LakeSource:
         self._retired: list[Lake] = []
         self.compactions = 0
         self.last_error: str | None = None
+        #: what was repaired (a damaged lake set aside), shown in the problems banner
+        self.notices: list[str] = []
         self._signature: tuple[Any, ...] = ()
         self._serving: _Serving = self._open()
         self._problems = self._count_problems(self._lake)
 
     # -- opening and swapping ------------------------------------------------------------------
     def _open(self) -> _Serving:
-        from otel_verl.store import Lake
-
         self._signature = _signature(self._trace_dir)
-        lake = Lake.open(self._trace_dir)
+        _, serving = open_lake(self._trace_dir, say=self._say_damaged, prepare=self._prepare)
+        assert serving is not None
+        return serving
+
+    @staticmethod
+    def _prepare(lake: Lake) -> _Serving:
+        """The serving state of a lake just opened (reads every segment's columns it needs)."""
         with lake._lock:
             con = lake.connection
             # the table's rows in memory, without the search text (read from compaction's file
@@ -159,6 +167,10 @@ class LakeSource:
     @property
     def _lake(self) -> Lake:
         return self._serving.lake
+
+    def _say_damaged(self, text: str) -> None:
+        _logger.warning("%s", text)
+        self.notices.append(text)
 
     def _reopen_if_changed(self) -> bool:
         """Open a new lake when the store or the manifest changed, and swap it in."""
@@ -275,7 +287,8 @@ class LakeSource:
             "files": files, "lines": lines, "bad_lines": bad_lines, "bad_spans": bad_spans,
             "files_with_incomplete_last_line": state.truncated_lines, "bytes": size,
             "trajectories": counts["total"], "partial_trajectories": counts["partial"],
-            "spans": spans, "bad_trajectories": 0, "notices": [], "examples": examples,
+            "spans": spans, "bad_trajectories": 0, "notices": list(self.notices),
+            "examples": examples,
             "segments": state.segments, "raw_files": state.raw_files,
         }
 
@@ -494,6 +507,56 @@ def _spans_from_columns(lake: Lake, trace_id: str) -> list[dict[str, Any]]:
             "parent_is_remote": None,
         })
     return out
+
+
+def open_lake(trace_dir: str | os.PathLike[str], progress: Callable[[int], None] | None = None,
+              *, say: Callable[[str], None] | None = None,
+              prepare: Callable[[Lake], _T] | None = None) -> tuple[Lake, _T | None]:
+    """:meth:`Lake.open` (then ``prepare(lake)``, the caller's first reads), with a damaged lake
+    set aside: the lake is derived data, so when its files cannot be read (a garbled manifest,
+    a cut segment) it is renamed to ``.otel_verl_lake.damaged-<time>`` (kept, never deleted) and
+    the store is opened again over its raw files; the next compaction rebuilds it. Said through
+    ``say``. Damage that ``Lake.open`` and ``prepare`` do not read (a segment only a later query
+    reads) is not seen here.
+
+    Raises:
+        FileNotFoundError: ``trace_dir`` does not exist.
+        the open's own error: the lake could not be set aside (a compaction holds it, or the
+            store cannot be written), or the store fails without it too.
+    """
+    from otel_verl.store import Lake
+
+    lake_path = os.path.join(os.fspath(trace_dir), ".otel_verl_lake")
+    failure: Exception | None = None
+    for attempt in range(2):
+        lake = None
+        try:
+            lake = Lake.open(trace_dir, progress)
+            return lake, (prepare(lake) if prepare is not None else None)
+        except (ImportError, MemoryError):
+            raise
+        except Exception as error:  # noqa: BLE001 - any damage of derived files
+            if lake is not None:
+                lake.close()
+            if not os.path.isdir(lake_path):  # no lake (or no store): nothing to set aside
+                raise
+            failure = error
+        if attempt == 0:  # a compaction may have replaced a file under us: look once more
+            time.sleep(0.2)
+    assert failure is not None
+    kept = f"{lake_path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    try:
+        with open(os.path.join(lake_path, "lock"), "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # no compaction runs
+            os.rename(lake_path, kept)
+    except OSError:
+        raise failure from None
+    (say or _logger.warning)(
+        f"otel-verl: the lake under {trace_dir} could not be read ({type(failure).__name__}: "
+        f"{str(failure)[:200]}); kept as {kept}, reading the store's files directly (the next "
+        "compaction rebuilds it)")
+    lake = Lake.open(trace_dir, progress)
+    return lake, (prepare(lake) if prepare is not None else None)
 
 
 def store_directory(path: str | os.PathLike[str]) -> tuple[str, bool]:

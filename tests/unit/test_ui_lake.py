@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -221,3 +222,79 @@ def test_one_store_file_is_served_through_the_lake(tmp_path: Path) -> None:
     finally:
         one.close()
         whole.close()
+
+
+# --- a damaged lake (what the SQLite index's self-repair tests covered) ------------------------
+
+def _garble(path: Path) -> None:
+    path.write_bytes(os.urandom(max(path.stat().st_size, 64)))
+
+
+def _each(pattern: str, damage: Any) -> Any:
+    def run(lake: Path) -> None:
+        found = sorted(lake.glob(pattern))
+        assert found, pattern
+        for path in found:
+            damage(path)
+    return run
+
+
+LAKE_DAMAGE = {
+    "manifest garbage": _each("manifest.v2", _garble),
+    "manifest emptied": _each("manifest.v2", lambda p: os.truncate(p, 0)),
+    "manifest cut in half": _each("manifest.v2", lambda p: os.truncate(p, p.stat().st_size // 2)),
+    "segment garbage": _each("spans/**/*.parquet", _garble),
+    "segment cut in half": _each("spans/**/*.parquet",
+                                 lambda p: os.truncate(p, p.stat().st_size // 2)),
+    "segment removed": _each("spans/**/*.parquet", lambda p: p.unlink()),
+    "payload segment garbage": _each("payload/**/*.parquet", _garble),
+    "trajectories cache garbage": _each("trajectories/cache-*.parquet", _garble),
+    "steps cache garbage": _each("trajectories/steps-*.parquet", _garble),
+}
+
+
+@pytest.fixture(scope="module")
+def compacted_good(tmp_path_factory: Any) -> tuple[Path, set[str]]:
+    store = tmp_path_factory.mktemp("damaged") / "traces"
+    H.write_good_store(store, HS.GOOD)
+    good = {r["key"] for r in LakeSource(store, compact=False).trajectories()["rows"]}
+    compact(store, live_bytes=0)
+    return store, good
+
+
+@pytest.mark.parametrize("kind", list(LAKE_DAMAGE))
+def test_a_damaged_lake_is_set_aside_said_and_rebuilt(kind: str, compacted_good: Any,
+                                                      tmp_path: Path, capsys: Any) -> None:
+    """The lake is derived data: damaged, it is kept beside the store under another name, the
+    viewer and the CLI read the raw files and say so, and the next compaction rebuilds it."""
+    good_store, good = compacted_good
+    store = tmp_path / "traces"
+    shutil.copytree(good_store, store)
+    LAKE_DAMAGE[kind](store / ".otel_verl_lake")
+    source = LakeSource(store, compact=False)
+    try:
+        assert {r["key"] for r in source.trajectories()["rows"]} == good
+        assert HS._every_view(source, good) == HS.GOOD
+        (notice,) = source.problems()["notices"]
+        assert "could not be read" in notice and ".otel_verl_lake.damaged-" in notice
+    finally:
+        source.close()
+    kept = [p.name for p in store.iterdir() if p.name.startswith(".otel_verl_lake.damaged-")]
+    assert len(kept) == 1 and not (store / ".otel_verl_lake").exists()
+    assert compact(store, live_bytes=0).segments > 0  # rebuilt
+    capsys.readouterr()
+    assert main(["traces", "list", "--dir", str(store), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {f"{r['trace_id']}:{r['span_id'] or ''}" for r in listed} == good
+
+
+def test_the_cli_sets_a_damaged_lake_aside_and_says_so(compacted_good: Any, tmp_path: Path,
+                                                       capsys: Any) -> None:
+    good_store, good = compacted_good
+    store = tmp_path / "traces"
+    shutil.copytree(good_store, store)
+    LAKE_DAMAGE["manifest garbage"](store / ".otel_verl_lake")
+    assert main(["traces", "list", "--steps", "--dir", str(store), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "could not be read" in err and "kept as" in err
+    assert sum(s["traced"] for s in json.loads(out)) == HS.GOOD
