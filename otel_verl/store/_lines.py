@@ -1,7 +1,7 @@
 """Reading one store line again by its byte offset, and the last few lines decoded.
 
-A trajectory page re-reads the lines that hold its trace's spans (the SQLite index's
-``trace_lines``, the lake's ``source``/``source_offset``); the rollouts of a group share their
+A trajectory page re-reads the lines that hold its trace's spans (the lake's
+``source``/``source_offset``); the rollouts of a group share their
 lines, so the last few decoded lines are kept. Lines never change once complete: the store only
 appends.
 """
