@@ -83,13 +83,9 @@ def test_bad_store_is_shown_with_what_was_skipped(page, real_store, tmp_path, ar
 
 
 def _hostile():
-    import importlib.util
+    import _hostile_spans  # tests/: on sys.path (tests/conftest.py)
 
-    spec = importlib.util.spec_from_file_location(
-        "_hostile_spans", Path(__file__).resolve().parents[1] / "_hostile_spans.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _hostile_spans
 
 
 def test_a_poisoned_store_serves_every_good_trajectory(page, real_store, tmp_path, artifacts):

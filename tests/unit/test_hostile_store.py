@@ -9,12 +9,12 @@ counterpart here: see the damaged-lake tests in test_ui_lake.py.)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 from pathlib import Path
 
+import _hostile_spans as H
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,12 +31,6 @@ from otel_verl.ui.views import (
     prompt_view,
     trajectory_view,
 )
-
-_spec = importlib.util.spec_from_file_location(
-    "_hostile_spans", Path(__file__).resolve().parents[1] / "_hostile_spans.py")
-assert _spec is not None and _spec.loader is not None
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 GOOD = 6
 

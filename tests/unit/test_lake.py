@@ -4,12 +4,14 @@ during and after compaction; crash-safe compaction; hostile lines read without c
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+import _hostile_spans as H
+import _lake_store as S
+import _step_oracle as REF
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,25 +20,7 @@ from otel_verl.store import group_trajectories, read_spans, sampling_reports
 from otel_verl.store._compact import Manifest, compact, lake_dir
 from otel_verl.store._query import Lake
 
-_spec = importlib.util.spec_from_file_location(
-    "_hostile_spans", Path(__file__).resolve().parents[1] / "_hostile_spans.py")
-assert _spec is not None and _spec.loader is not None
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-
-
-_spec2 = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec2 is not None and _spec2.loader is not None
-S = importlib.util.module_from_spec(_spec2)
-_spec2.loader.exec_module(S)
 write_store = S.write_store
-
-_spec3 = importlib.util.spec_from_file_location(
-    "_step_oracle", Path(__file__).resolve().parents[1] / "_step_oracle.py")
-assert _spec3 is not None and _spec3.loader is not None
-REF = importlib.util.module_from_spec(_spec3)
-_spec3.loader.exec_module(REF)
 
 
 def _close(a: Any, b: Any) -> bool:

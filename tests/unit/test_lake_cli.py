@@ -3,29 +3,19 @@ give the numbers of the store's trajectory model and of the query layer, raw and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import _lake_store as L
+import _step_oracle as REF  # the step statistics in Python: the reference
 import pytest
 
 from otel_verl.cli import main
 from otel_verl.store import group_trajectories, read_spans, sampling_reports
 from otel_verl.store._compact import Manifest, lake_dir
 from otel_verl.store._query import Lake
-
-_spec = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-L = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(L)
-_spec2 = importlib.util.spec_from_file_location(
-    "_step_oracle", Path(__file__).resolve().parents[1] / "_step_oracle.py")
-assert _spec2 is not None and _spec2.loader is not None
-REF = importlib.util.module_from_spec(_spec2)  # the step statistics in Python: the reference
-_spec2.loader.exec_module(REF)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:

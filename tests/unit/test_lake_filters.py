@@ -5,12 +5,12 @@ order the viewer's source pages them."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _lake_store as S
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,12 +22,6 @@ from otel_verl.store._filters import BadRequest
 from otel_verl.store._query import Lake
 from otel_verl.store._record import is_tool_error
 from otel_verl.ui._lake import LakeSource
-
-_spec = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 
 @pytest.fixture(scope="module")

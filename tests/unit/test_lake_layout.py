@@ -5,20 +5,15 @@ never be read as the new one's."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+import _lake_store as S
+
 from otel_verl.store._compact import MANIFEST, OLD_MANIFESTS, Manifest, compact, lake_dir
 from otel_verl.store._query import Lake
-
-_spec = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 
 def _rounded(value: Any) -> Any:

@@ -5,12 +5,12 @@ beside them."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _hostile_spans as H
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,11 +22,6 @@ from otel_verl.store._record import prompt_and_response, snippet
 from otel_verl.ui import _lake
 from otel_verl.ui._lake import LakeSource
 
-_spec = importlib.util.spec_from_file_location(
-    "_hostile_spans", Path(__file__).resolve().parents[1] / "_hostile_spans.py")
-assert _spec is not None and _spec.loader is not None
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 #: the hostile kinds that damage the text the viewer shows (payload JSON, messages, errors);
 #: the trajectory model's own disagreements on other kinds (a lone surrogate in the experiment
 #: name splits a trajectory in the lake) are not this file's subject

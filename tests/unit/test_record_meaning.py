@@ -5,10 +5,10 @@ predicates say, for the same spans."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
+import _lake_store as S
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,12 +19,6 @@ from otel_verl.store._compact import compact
 from otel_verl.store._query import Lake
 from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.views import trajectory_view
-
-_spec = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 _RESOURCE = {"service.name": "rollout", "rollout.experiment_name": "exp"}
 

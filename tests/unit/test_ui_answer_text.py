@@ -5,11 +5,11 @@ messages do not; the row took the later span's raw text ("The answer is 3.<|im_e
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
+import _lake_store as S
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,12 +18,6 @@ from otel_verl.store._compact import compact
 from otel_verl.store._record import answer_text
 from otel_verl.ui._lake import LakeSource
 from otel_verl.ui.views import prompt_view, trajectory_view
-
-_spec = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 _SPECIAL = st.sampled_from(["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>",
                             "<end_of_turn>", "<|im_end|>\n", "<|im_end|><|endoftext|>"])

@@ -5,7 +5,6 @@ missing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _modules import load_file
 
 from otel_verl.cli import main
 from otel_verl.store import LAKE_EXTRA, group_trajectories, read_spans
@@ -27,18 +27,9 @@ from otel_verl.store._compact import compact
 from otel_verl.ui._lake import LakeSource, open_source
 from otel_verl.ui.server import UIServer
 
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 HERE = Path(__file__).resolve().parent
-L = _load("test_lake", HERE / "test_lake.py")              # the synthetic GRPO store
-HS = _load("test_hostile_store", HERE / "test_hostile_store.py")  # every view, as served
+L = load_file(HERE / "test_lake.py", "test_lake")              # the synthetic GRPO store
+HS = load_file(HERE / "test_hostile_store.py", "test_hostile_store")  # every view, as served
 H = HS.H
 
 

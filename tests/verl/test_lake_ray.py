@@ -4,7 +4,6 @@ single-machine DuckDB answers over the whole store (otel_verl/store/_ray.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
 import sys
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _lake_store as S
 import pytest
 
 from otel_verl.store._compact import compact
@@ -19,11 +19,6 @@ from otel_verl.store._query import Lake
 
 pytestmark = pytest.mark.timeout(600)
 
-_spec = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 #: Ray 2.60 waits a fixed 30 s for its node to register; on a loaded machine that can pass
 SLOW_START = "The current node timed out during startup"
