@@ -6,20 +6,14 @@ trajectory from the raw files) still works; nothing in otel_verl imports ``sqlit
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import _lake_store as S
 import pytest
 
 from otel_verl.store import LAKE_EXTRA, group_trajectories, read_spans
-
-_spec = importlib.util.spec_from_file_location(
-    "_lake_store", Path(__file__).resolve().parents[1] / "_lake_store.py")
-assert _spec is not None and _spec.loader is not None
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "otel_verl"
 
