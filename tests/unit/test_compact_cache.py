@@ -6,13 +6,14 @@ with replaced files, without trajectories, and with poisoned lines."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+import _hostile_spans as H
+import _lake_store as S
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,19 +30,6 @@ from otel_verl.store._query import (
     traces_path,
     write_trajectory_cache,
 )
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().parents[1] / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-S = _load("_lake_store")
-H = _load("_hostile_spans")
 
 
 def _key(value: Any) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import json
 import math
 import sys
@@ -17,8 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _hostile_spans as H
+import _lake_store as L
 import pyarrow as pa
 import pytest
+from _modules import load_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,18 +30,6 @@ from otel_verl.store._compact import MANIFEST, compact, decode_range, lake_dir
 from otel_verl.store._schema import PAYLOAD_SCHEMA, SPAN_SCHEMA, Columns
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-H = _load("_hostile_spans", ROOT / "tests" / "_hostile_spans.py")
-L = _load("_lake_store", ROOT / "tests" / "_lake_store.py")
 
 
 def _plain(value: Any) -> Any:
@@ -159,7 +149,7 @@ def test_bench_store_same_rows_and_compacts(tmp_path: Path) -> None:
     and compaction over it writes every span."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        bench_ui = _load("bench_ui", ROOT / "bench" / "bench_ui.py")
+        bench_ui = load_file(ROOT / "bench" / "bench_ui.py", "bench_ui")
     finally:
         sys.path.remove(str(ROOT / "bench"))
     spans = bench_ui.generate_store(str(tmp_path), 40)

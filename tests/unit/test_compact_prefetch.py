@@ -4,11 +4,11 @@ hold exactly the rows, and the manifest exactly the counts, of a compaction of w
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 from typing import Any
 
+import _lake_store as L
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,17 +17,6 @@ from otel_verl.store import _compact
 from otel_verl.store._compact import Manifest, compact, lake_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-L = _load("_lake_store", ROOT / "tests" / "_lake_store.py")
 
 
 def _lake(store: Path) -> tuple[list[Any], dict[str, Any]]:
