@@ -155,30 +155,3 @@ def test_a_long_conversation_is_encoded_on_the_loop_once_not_per_turn(
         assert index.rebuild(attrs[semconv.CONTENT_MESSAGES_ID]) == sent
         assert attrs[semconv.CONTENT_MESSAGES_ID] == _content.message_content_id(sent)
         assert len(attrs[semconv.GEN_AI_INPUT_MESSAGES]) < 8192  # a head, never the 32k
-
-
-def test_a_failed_first_call_still_gets_its_messages_id(tmp_path) -> None:
-    """The id of messages hashed off the loop goes on the span when the call fails, too."""
-
-    class Broken(ScriptedClient):
-        async def _generate(self, *args: Any) -> TokenOutput:
-            raise ConnectionError("engine down")
-
-    RolloutTraceConfig.init("proj", "exp", "file", trace_dir=str(tmp_path))
-    tokenizer = CharTokenizer()
-    loop = ToolAgentLoop(Broken(tokenizer, []), tokenizer, tools=[CalculatorTool()])
-    row = _long_row(3)
-
-    async def go() -> None:
-        with otel_verl.rollout_trace_attr(step=1, sample_index=3, rollout_n=0):
-            with pytest.raises(ConnectionError):
-                await loop.run({}, **row)
-
-    asyncio.run(go())
-    RolloutTraceConfig.shutdown(10.0)
-    [call] = [s for s in read_spans(str(tmp_path), warn=False)
-              if s["name"] == "AsyncTokenClient.generate"]
-    attrs = call["attributes"]
-    assert attrs[semconv.CONTENT_MESSAGES_STORED] == "stored"
-    assert ContentIndex.load(tmp_path).rebuild(attrs[semconv.CONTENT_MESSAGES_ID]) == [
-        dict(m) for m in row["raw_prompt"]]
