@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from datetime import date, datetime, time
 from decimal import Decimal
 from fractions import Fraction
+from math import isfinite
 from pathlib import PurePath
 from typing import Any
 
@@ -449,12 +450,16 @@ def _plain_size(chunk: list[Any] | tuple[Any, ...]) -> int:
 
 
 _PLAIN_CONTAINERS = (dict, list, tuple)
-_PLAIN_LEAVES = (str, int, bool, type(None))
 #: a plain value is taken as it is when its JSON is under this share of the field's cap: then the
 #: walk would cut nothing (its budget estimates at most ~6x a leaf's JSON size)
 _PLAIN_SHARE = 8
 #: nodes a plain value may have (beyond it: the walk, whose lists of numbers go at C speed)
 _PLAIN_NODES = 512
+_STR = frozenset({str})
+#: key tuples of dicts already checked (no key over ``MAX_KEY_CHARS``, none to redact): the same
+#: few shapes come back on every call (an op's bound inputs, its output's fields)
+_KEYS_OK: set[tuple[Any, ...]] = set()
+_KEYS_KEPT = 4096
 
 
 #: what the walk takes apart before it looks at a dataclass (``_Walker._container``)
@@ -477,81 +482,81 @@ def _plain_dataclass(kind: type) -> bool:
     return True
 
 
+def _keys_ok(keys: tuple[str, ...], redact: bool) -> bool:
+    """No key over ``MAX_KEY_CHARS`` and (``redact``) none that names a secret (keys: exact
+    ``str``, checked by the caller)."""
+    if keys in _KEYS_OK:
+        return True
+    if max(map(len, keys)) > MAX_KEY_CHARS:
+        return False
+    if any(map(is_sensitive_key, keys)):  # (a secret key whose value is None is not redacted:
+        return not redact  # the walk decides that)
+    if len(_KEYS_OK) >= _KEYS_KEPT:
+        _KEYS_OK.clear()
+    _KEYS_OK.add(keys)
+    return True
+
+
 def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     """``value``'s JSON text when it is small and made of exact JSON types only (dict with str
-    keys, list, tuple, str, int, finite float, bool, None) and plain dataclasses of them (as the
-    mapping of their fields, as the walk records them), no key to redact, no key over
-    ``MAX_KEY_CHARS``, no deeper than ``MAX_DEPTH``: exactly what the walk would produce, at a
-    fraction of its cost (a small op input or output is the common case). None otherwise (the
-    walk decides; orjson refuses lone surrogates, ints beyond 64 bits and cycles). A list of
-    integers (token ids) is checked at C speed, not item by item."""
+    keys, list, tuple, str, int within 64 bits, finite float, bool, None) and plain dataclasses
+    of them (as the mapping of their fields, as the walk records them), no key to redact, no key
+    over ``MAX_KEY_CHARS``, no deeper than ``MAX_DEPTH``: exactly what the walk would produce,
+    at a fraction of its cost (a small op input or output is the common case). None otherwise
+    (the walk decides).
+
+    The checks run per container at C speed (the set of its items' types, the characters of
+    its strings), never per item in Python; they bound the encoder's work to O(cap) before it
+    runs. What orjson refuses (lone surrogates, ints beyond 64 bits, keys that are not exactly
+    ``str``) and the size of its text are checked on its result."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     nodes = chars = 0
     limit = max_bytes // _PLAIN_SHARE
-    leaves = _PLAIN_LEAVES
     dataclasses_seen = False
     while stack:
         item, depth = stack.pop()
-        nodes += 1
-        if nodes > _PLAIN_NODES or depth >= MAX_DEPTH:
+        if depth >= MAX_DEPTH:
             return None
         kind = type(item)
-        if (kind is list or kind is tuple) and len(item) > 16 and \
-                set(map(type, item)) <= _PLAIN_INTS:  # token ids: no walk of their own
-            if len(item) * 2 > limit:  # (each takes 2 bytes at least)
-                return None
-            continue
-        pairs: Any = None
         if kind is dict:
-            pairs = item.items()
-        elif kind is not list and kind is not tuple and kind not in leaves and \
-                kind is not float:
-            names = _plain_fields(kind)
-            if names is None:  # not a plain dataclass: the walk decides
+            if item and not _dict_keys_ok(item, redact):
+                return None
+            values: Any = item.values()
+        elif kind is list or kind is tuple:
+            if len(item) > 16 and _only_ints(item):  # token ids: no walk of their own
+                if len(item) * 2 > limit:  # (each takes 2 bytes at least)
+                    return None
+                continue
+            values = item
+        else:  # pushed below only when it is a plain dataclass
+            names = _PLAIN_CLASSES.get(kind)
+            if names is None or names and not _keys_ok(names, redact):
                 return None
             try:
-                pairs = [(name, object.__getattribute__(item, name)) for name in names]
+                values = [object.__getattribute__(item, name) for name in names]
             except Exception:  # noqa: BLE001 - a failing field: the walk notes it
                 return None
             dataclasses_seen = True
-        if kind is dict or kind is list or kind is tuple or pairs is not None:
-            nodes += len(item) if pairs is None or kind is dict else len(pairs)
-            if nodes > _PLAIN_NODES:
-                return None
-        if pairs is not None:
-            for key, sub in pairs:
-                if type(key) is not str or len(key) > MAX_KEY_CHARS:
+        nodes += len(values) + 1
+        if nodes > _PLAIN_NODES:
+            return None
+        depth += 1
+        for sub in values:
+            sub_kind = type(sub)
+            if sub_kind is str:
+                chars += len(sub)
+                if chars > limit:  # a long string: the walk cuts it, nothing encoded here
                     return None
-                if redact and sub is not None and is_sensitive_key(key):
+            elif sub_kind is int or sub_kind is bool or sub is None:
+                pass
+            elif sub_kind is float:
+                if not isfinite(sub):  # NaN, inf: the walk writes them as strings
                     return None
-                sub_kind = type(sub)
-                if sub_kind is str:
-                    chars += len(sub)
-                    if chars > limit:  # a long string: the walk cuts it, nothing encoded here
-                        return None
-                elif sub_kind in leaves:
-                    pass
-                elif sub_kind is float:
-                    if not math.isfinite(sub):
-                        return None
-                else:
-                    stack.append((sub, depth + 1))
-        elif kind is list or kind is tuple:
-            for sub in item:
-                sub_kind = type(sub)
-                if sub_kind is str:
-                    chars += len(sub)
-                    if chars > limit:  # a long string: the walk cuts it, nothing encoded here
-                        return None
-                elif sub_kind in leaves:
-                    pass
-                elif sub_kind is float:
-                    if not math.isfinite(sub):
-                        return None
-                else:
-                    stack.append((sub, depth + 1))
-        elif kind is float:
-            if not math.isfinite(item):
+            elif sub_kind is dict or sub_kind is list or sub_kind is tuple:
+                stack.append((sub, depth))
+            elif _plain_fields(sub_kind) is not None:
+                stack.append((sub, depth))
+            else:  # not a plain dataclass: the walk decides
                 return None
     try:
         data = _orjson.dumps(value, default=_fields_of, option=_orjson.OPT_PASSTHROUGH_DATACLASS) \
@@ -563,8 +568,16 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     return str(data, "utf-8")
 
 
-#: what a list of token ids is made of (``_plain_json`` checks it at C speed)
-_PLAIN_INTS = frozenset({int, bool, type(None)})
+def _dict_keys_ok(item: dict[Any, Any], redact: bool) -> bool:
+    keys = tuple(item)
+    if keys in _KEYS_OK:  # (a hit means every key is an exact str: only those are added)
+        return True
+    return set(map(type, keys)) <= _STR and _keys_ok(keys, redact)
+
+
+def _only_ints(items: list[Any] | tuple[Any, ...]) -> bool:
+    """Every item is an exact int (token ids), checked at C speed (2x ``set(map(type, ...))``)."""
+    return list(map(type, items)).count(int) == len(items)
 
 
 def _fields_of(obj: Any) -> dict[str, Any]:

@@ -5,7 +5,10 @@ error), for any value (hypothesis), including the cases it must leave to the wal
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import enum
 import math
+import uuid
 from typing import Any
 
 import pytest
@@ -164,3 +167,79 @@ def test_tool_calls_and_token_heads_are_not_walked(value: Any,
     slow = to_payload(value, max_bytes=65536, redact=True)
     monkeypatch.setattr(_payload, "_Walker", no_walk)
     assert to_payload(value, max_bytes=65536, redact=True) == slow
+
+
+# hostile inputs: what the fast path must refuse or render exactly as the walk does ------------
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Color(enum.Enum):
+    RED = 1
+    NAN = math.nan
+    TEXT = "t"
+
+
+_hostile_leaves = st.one_of(
+    _leaves, st.just(_Str("sub")), st.just(_Int(7)), st.sampled_from(list(_Color)),
+    st.just(uuid.UUID(int=5)), st.just(datetime.date(2024, 1, 2)), st.just(_Mapping(a=1)),
+    st.just(float("inf")), st.just(-(2**63)), st.just(2**64 - 1), st.just(2**64),
+    st.builds(lambda n: list(range(n)), st.integers(15, 40)),
+    st.builds(lambda n: [1] * n + ["x"], st.integers(15, 40)),
+    st.builds(lambda n: [1] * n + [math.nan], st.integers(15, 40)),
+    st.builds(lambda n: [True] * n, st.integers(15, 40)),
+    st.builds(lambda n: [1] * n + [_Int(2)], st.integers(15, 40)))
+_hostile_keys = st.one_of(_keys, st.just(_Str("api_key")), st.just("k" * 256),
+                          st.just("k" * 257), st.just("\udc80"), st.just("session_token"))
+_hostile = st.recursive(
+    _hostile_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6), st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(_hostile_keys, inner, max_size=5),
+        st.dictionaries(st.one_of(st.integers(), _hostile_keys), inner, max_size=3),
+        st.builds(_Call, inner, inner), st.builds(_Secret, inner, inner)),
+    max_leaves=30)
+
+
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(value=_hostile, max_bytes=st.sampled_from([256, 1024, 8192, 65536]),
+       redact=st.booleans())
+def test_hostile_values_equal_the_walk(value: Any, max_bytes: int, redact: bool,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Subclasses of str/int/dict, enums (one whose value is NaN), UUIDs, dates, big ints, NaN
+    and inf, lone surrogates (in keys too), keys at and over ``MAX_KEY_CHARS``, secret keys at
+    any depth (with None values too), int lists with one odd item, bools beside ints."""
+    fast = to_payload(value, max_bytes=max_bytes, redact=redact)
+    slow = _walked(value, max_bytes, redact, monkeypatch)
+    assert (fast.json, fast.truncated, fast.redacted, fast.error) == \
+        (slow.json, slow.truncated, slow.redacted, slow.error)
+
+
+def test_key_checks_are_remembered_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dict's keys are checked once per shape (length, redaction), not on every call; a
+    shape with a secret key is never remembered."""
+    calls: list[str] = []
+    real = _payload.is_sensitive_key
+
+    def counting(key: str) -> bool:
+        calls.append(key)
+        return real(key)
+
+    monkeypatch.setattr(_payload, "is_sensitive_key", counting)
+    _payload._KEYS_OK.clear()
+    value = {"request_id": "r", "sampling_params": {"temperature": 1.0}}
+    for _ in range(5):
+        assert _payload._plain_json(value, 65536, True) is not None
+    assert sorted(calls) == ["request_id", "sampling_params", "temperature"]
+    calls.clear()
+    for _ in range(3):
+        assert _payload._plain_json({"api_key": "k"}, 65536, True) is None
+        assert _payload._plain_json({"api_key": "k"}, 65536, False) == '{"api_key":"k"}'
+    assert calls == ["api_key"] * 6
