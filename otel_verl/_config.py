@@ -496,6 +496,22 @@ class TraceConfig:
         300.0, _parse_positive_float, env=(_env.OTEL_VERL_STUCK_AFTER_S,),
         doc="an op in flight this long is flagged stuck (earlier: 5x the step's running p99 for "
             "its name, once 20 ended, never under 1 s)")
+    compact: bool = _option(
+        True, _parse_bool, env=(_env.OTEL_VERL_COMPACT,),
+        doc="`backend=file`: the exporter compacts the store into the lake (docs/lakehouse.md) "
+            "in a child process at idle CPU priority, started from the export thread, one at a "
+            "time: closed store files, and this process's file once `compact_live_bytes` of it "
+            "are not compacted; without the `lake` extra it does nothing (said once); `false` = "
+            "never (a reader or `otel-verl compact` does it)")
+    compact_interval_s: float = _option(
+        60.0, _parse_positive_float, env=(_env.OTEL_VERL_COMPACT_INTERVAL_S,),
+        doc="with `compact`: the shortest time between two compaction children (doubled after "
+            "each failed one, up to an hour)")
+    compact_live_bytes: int = _option(
+        64 * 1024 * 1024, _int_at_least(1), env=(_env.OTEL_VERL_COMPACT_LIVE_BYTES,),
+        note="compaction's own",
+        doc="with `compact`: a file still being written is compacted once this many of its bytes"
+            " are not compacted")
     weave_ingest: str = _option(
         "calls", _choice(WEAVE_INGEST), env=(_env.OTEL_VERL_WEAVE_INGEST,),
         doc="backend=weave path: `calls` (our exporter: complete calls) or `otel` (Weave's own "

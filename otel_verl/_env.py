@@ -41,6 +41,10 @@ OTEL_VERL_DETECT_FLAGS: Final = "OTEL_VERL_DETECT_FLAGS"
 #: in-flight records (``otel_verl._live``): on/off, and the stuck threshold
 OTEL_VERL_LIVE: Final = "OTEL_VERL_LIVE"
 OTEL_VERL_STUCK_AFTER_S: Final = "OTEL_VERL_STUCK_AFTER_S"
+#: the exporter's compaction of the local store (``otel_verl.exporters._compactor``)
+OTEL_VERL_COMPACT: Final = "OTEL_VERL_COMPACT"
+OTEL_VERL_COMPACT_INTERVAL_S: Final = "OTEL_VERL_COMPACT_INTERVAL_S"
+OTEL_VERL_COMPACT_LIVE_BYTES: Final = "OTEL_VERL_COMPACT_LIVE_BYTES"
 #: ``calls`` (the Weave exporter) or ``otel`` (Weave's own OTel ingestion, /otel/v1/traces)
 OTEL_VERL_WEAVE_INGEST: Final = "OTEL_VERL_WEAVE_INGEST"
 #: the whole resolved configuration as JSON, set by ``RolloutTraceConfig.export_env()`` for

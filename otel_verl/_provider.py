@@ -82,7 +82,12 @@ def build_exporter(config: TraceConfig) -> SpanExporter:
     if backend == "file":
         from otel_verl.exporters._file_exporter import FileSpanExporter
 
-        return FileSpanExporter(config.trace_dir)
+        compactor = None
+        if config.compact and config.processor == "batch":  # started on the export thread only
+            from otel_verl.exporters import _compactor
+
+            compactor = _compactor.from_config(config)
+        return FileSpanExporter(config.trace_dir, compactor=compactor)
     if backend == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -43,6 +44,9 @@ from otel_verl._errors import RateLimitedWarning
 from otel_verl._fork import LiveInstances
 from otel_verl._otlp_json import encode_line, encode_request
 from otel_verl.exporters._io import TornWrite, write_whole
+
+if TYPE_CHECKING:
+    from otel_verl.exporters._compactor import StoreCompactor
 
 __all__ = [
     "DEFAULT_TRACE_DIR",
@@ -98,6 +102,9 @@ class FileSpanExporter(SpanExporter):
     Args:
         directory: where to write; default ``$OTEL_VERL_TRACE_DIR`` or ``./otel_verl_traces``.
             Created on the first export.
+        compactor: told of every line written, and given the chance to start the store's
+            compaction (in a child process) after each export; stopped at shutdown
+            (:mod:`otel_verl.exporters._compactor`).
 
     Attributes:
         exported_spans: spans written so far by this process.
@@ -108,8 +115,10 @@ class FileSpanExporter(SpanExporter):
     #: the shortest time between two warnings about failed writes (or syncs)
     warning_interval_s = 60.0
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *,
+                 compactor: StoreCompactor | None = None) -> None:
         self._directory = resolve_trace_dir(directory)
+        self._compactor = compactor
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._path: str | None = None
@@ -157,6 +166,9 @@ class FileSpanExporter(SpanExporter):
                 assert self._fd is not None
                 self._append(self._fd, line)
             self.exported_spans += len(spans)
+            if self._compactor is not None:  # on the export thread, after the write
+                self._compactor.wrote(len(line))
+                self._compactor.maybe_run()
             return SpanExportResult.SUCCESS
         except Exception as error:  # never raise into the span processor
             self.failed_spans += len(spans)
@@ -188,6 +200,8 @@ class FileSpanExporter(SpanExporter):
                 os.close(fd)
             except OSError:
                 pass
+        if self._compactor is not None:
+            self._compactor.shutdown()
         self._write_warning.summary(f"{self.failed_spans} span(s) in all could not be written "
                                     f"to {self._path or self._directory}")
         self._sync_warning.summary(f"syncs of {self._path} failed")
@@ -195,11 +209,15 @@ class FileSpanExporter(SpanExporter):
     def stats(self) -> dict[str, int]:
         """``file_written`` / ``file_write_failed``: spans written / not written by this process;
         ``file_warnings``: warning lines logged about failed writes and syncs;
-        ``file_warnings_suppressed``: those held back by the rate limit."""
+        ``file_warnings_suppressed``: those held back by the rate limit; with a compactor,
+        its ``compact_*`` counts."""
         warnings = (self._write_warning, self._sync_warning)
-        return {"file_written": self.exported_spans, "file_write_failed": self.failed_spans,
-                "file_warnings": sum(w.logged for w in warnings),
-                "file_warnings_suppressed": sum(w.suppressed for w in warnings)}
+        counts = {"file_written": self.exported_spans, "file_write_failed": self.failed_spans,
+                  "file_warnings": sum(w.logged for w in warnings),
+                  "file_warnings_suppressed": sum(w.suppressed for w in warnings)}
+        if self._compactor is not None:
+            counts.update(self._compactor.stats())
+        return counts
 
     # internals ----------------------------------------------------------------------------------
 

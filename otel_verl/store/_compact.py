@@ -37,9 +37,7 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -60,6 +58,7 @@ from otel_verl.store._arrowrows import add_parsed, parse_stretch
 from otel_verl.store._fastrows import add_resource_spans
 from otel_verl.store._record import SpanRecord
 from otel_verl.store._schema import Columns
+from otel_verl.store._writers import IDLE_S, LIVE_BYTES, is_closed
 
 __all__ = ["SKIP_DIRS", "BackgroundCompactor", "CompactStats", "Manifest", "compact", "decode_range", "lake_dir",
            "pending_bytes"]
@@ -96,10 +95,6 @@ _STATISTICS = ("TraceId", "Timestamp", "Duration", "SpanName", "SpanKind", "Stat
 _DICTIONARY = ("ResourceAttributes.key_value.key", "ResourceAttributes.key_value.value")
 #: threads encoding a chunk's segment files (Parquet's writer releases the GIL)
 WRITE_THREADS = 4
-#: a live file is compacted once this much of it is not compacted yet
-LIVE_BYTES = 64 << 20
-#: a foreign host's file counts as closed after this long without a change
-IDLE_S = 600.0
 #: whole stretches of lines go through pyarrow.json and Arrow compute (store/_arrowrows) when
 #: they hold only what the writers produce; False: every line through store/_fastrows
 ARROW_ROWS = True
@@ -115,7 +110,6 @@ CACHE_COLUMNS = ("TraceId", "SpanId", "ParentSpanId", "SpanName", "Timestamp", "
                  "text_response", "text_tool")
 #: at most this many bytes of them are held; past it the cache reads the segments back
 CACHE_KEEP_BYTES = 512 << 20
-_NAME = re.compile(r"otel_verl-(?P<host>.+)-(?P<pid>\d+)-\d{8}T\d{9}Z(?:-\d+)?\.jsonl$")
 
 
 def lake_dir(trace_dir: str | os.PathLike[str]) -> str:
@@ -439,32 +433,6 @@ class CompactStats:
     skipped_live: int = 0
     seconds: float = 0.0
     busy: bool = False  # another compaction held the lock
-
-
-def _alive(host: str, pid: int) -> bool | None:
-    """Whether the writer process is alive (None: another host's, cannot tell)."""
-    if host != (re.sub(r"[^A-Za-z0-9._-]+", "_", socket.gethostname()) or "host"):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def is_closed(path: str, now: float | None = None, idle_s: float = IDLE_S) -> bool:
-    """A store file no process writes any more (see the module docstring)."""
-    match = _NAME.search(os.path.basename(path))
-    if match is not None:
-        alive = _alive(match["host"], int(match["pid"]))
-        if alive is not None:
-            return not alive
-    try:
-        return (now or time.time()) - os.stat(path).st_mtime > idle_s
-    except OSError:
-        return False
 
 
 def compact(trace_dir: str | os.PathLike[str], *, live_bytes: int = LIVE_BYTES,
