@@ -16,6 +16,20 @@ Modes, interleaved round by round (order rotates):
   trajectory provisional (``trace=False``, so each is recorded, then dropped by the tail rules:
   what tail sampling costs the loop)
 
+- compact (``--compactor``): ``on`` with the exporter's compactor
+  (``otel_verl/exporters/_compactor.py``), its threshold lowered to ``--compact-bytes`` (256 KiB;
+  the default 64 MiB is more than a round writes) and the export thread looking every 0.25 s
+  (5 s by default). With ``--compactor`` every round first runs 4 trajectories untimed and
+  flushes them (in every mode): in compact mode their export starts the child, which then
+  compacts while the timed 64 run (this process's files of the earlier rounds, all live and
+  past the threshold: ~2 rounds' bytes). Every other mode runs with ``compact=False``; off, on
+  and compact run, and compact/on is printed paired per round. After the timed part (and the
+  flush) a round waits for its child to finish (untimed); printed: the children's CPU
+  (``RUSAGE_CHILDREN``; during the timed part: also ``/proc/<pid>/stat`` of the running one) and
+  the bytes they compacted.
+- compactnormal (``--compactor --normal-priority``): the same child without lowering its
+  priority (what SCHED_IDLE buys)
+
 ``--modes on,meta`` picks modes by name (``off`` is always run). ``--profile-mode MODE`` runs only
 that mode's rounds, for ``py-spy record``.
 
@@ -36,7 +50,9 @@ import argparse
 import asyncio
 import gc
 import os
+import resource
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -155,7 +171,16 @@ TAIL = {"tail_keep": "errors,truncated"}
 #: the options of each traced mode (``off``: not initialised)
 MODES: dict[str, dict[str, Any]] = {
     "on": {}, "cap8k": {"max_field_bytes": 8192}, "meta": {"capture_payloads": False},
-    "tail": TAIL, "metatail": {"capture_payloads": False, **TAIL}}
+    "tail": TAIL, "metatail": {"capture_payloads": False, **TAIL},
+    "compact": {"compact": True, "compact_interval_s": 1.0}}
+MODES["compactnormal"] = MODES["compact"]
+#: ``--compact-bytes``: the compact modes' ``compact_live_bytes``
+COMPACT_BYTES = [256 << 10]
+#: ``--compactor``: trajectories run (untimed) before each round's timed batch, in every mode
+PRELUDE = [0]
+#: the compactnormal mode's child: the compactor's own, without lowering its priority
+NORMAL_BOOT = ("import sys\nfrom otel_verl.exporters._compactor import child_main\n"
+               "sys.exit(child_main(sys.argv[1:]))\n")
 #: modes whose trajectories run with ``trace=False`` (recorded provisionally by the tail rules)
 TAIL_MODES = ("tail", "metatail")
 
@@ -181,14 +206,26 @@ class _GcClock:
 
 
 def _round(mode: str, n: int, step: int, context_tokens: int, trace_dir: str
-           ) -> tuple[float, float, float, float, float, float, float, float]:
+           ) -> tuple[float, ...]:
     """(trajectories/s, loop-thread CPU s, other threads' CPU s, GC s, GC collections, then
-    the collections of generations 0, 1 and 2 in the round), the CPU and GC figures per
+    the collections of generations 0, 1 and 2 in the round, then the compaction children
+    started, their CPU s and the bytes compacted in the round), the CPU and GC figures per
     trajectory; the generations from ``gc.get_stats()`` before and after."""
     RolloutTraceConfig.reset()
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    compacted0 = _compacted_bytes(trace_dir)
     if mode != "off":
-        RolloutTraceConfig.init("bench", "stub", "file", trace_dir=trace_dir,
-                                **MODES.get(mode, {}))
+        options = {"compact": False, **MODES.get(mode, {})}
+        if options["compact"]:
+            options["compact_live_bytes"] = COMPACT_BYTES[0]
+        RolloutTraceConfig.init("bench", "stub", "file", trace_dir=trace_dir, **options)
+        compactor = getattr(RolloutTraceConfig.get_client(), "_compactor", None)
+        if compactor is not None and mode == "compactnormal":  # the child at normal priority
+            compactor.command = [sys.executable, "-c", NORMAL_BOOT, compactor.trace_dir,
+                                 str(compactor.live_bytes), str(compactor.hang_s)]
+    if PRELUDE[0]:  # untimed: its export starts the compaction child before the timed part
+        asyncio.run(_batch(PRELUDE[0], step, context_tokens, trace=mode not in TAIL_MODES))
+        RolloutTraceConfig.flush(30.0)
     clock = _GcClock()
     stats0 = [g["collections"] for g in gc.get_stats()]
     gc.callbacks.append(clock)
@@ -196,17 +233,55 @@ def _round(mode: str, n: int, step: int, context_tokens: int, trace_dir: str
         proc0 = time.process_time()
         wall, loop_cpu = asyncio.run(_batch(n, step, context_tokens,
                                             trace=mode not in TAIL_MODES))
+        during = _children_cpu(children0)  # the compaction's CPU while the rollout ran
         RolloutTraceConfig.flush(30.0)  # the export of this round is charged to this round
         other_cpu = time.process_time() - proc0 - loop_cpu
     finally:
         gc.callbacks.remove(clock)
     gens = [g["collections"] - c for g, c in zip(gc.get_stats(), stats0, strict=True)]
+    started = 0
+    compactor = getattr(RolloutTraceConfig.get_client(), "_compactor", None)
+    if compactor is not None:  # untimed: let this round's child finish its compaction
+        if compactor.running is not None:
+            compactor.running.wait(300)
+        started = compactor.counts["started"]
     RolloutTraceConfig.reset()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child_cpu = (children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime)
+    compacted = _compacted_bytes(trace_dir) - compacted0
     if DEBUG_GC:
         print(mode, "gc collections by generation", clock.collections, clock.by_thread,
               f"{clock.seconds * 1e3:.1f} ms")
     return (n / wall, loop_cpu / n, other_cpu / n, clock.seconds / n, sum(clock.collections) / n,
-            float(gens[0]), float(gens[1]), float(gens[2]))
+            float(gens[0]), float(gens[1]), float(gens[2]), float(started), child_cpu,
+            float(compacted), during)
+
+
+def _children_cpu(children0: resource.struct_rusage) -> float:
+    """CPU seconds of the compaction children since ``children0``: those reaped, and the one
+    running now (``/proc/<pid>/stat``)."""
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = now.ru_utime + now.ru_stime - children0.ru_utime - children0.ru_stime
+    proc = getattr(getattr(RolloutTraceConfig.get_client(), "_compactor", None), "running", None)
+    if proc is not None:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return cpu
+
+
+def _compacted_bytes(trace_dir: str) -> int:
+    """The store bytes the lake's manifest says are compacted."""
+    from otel_verl.store import Manifest
+
+    path = Manifest.path_of(trace_dir)
+    if not os.path.exists(path):
+        return 0
+    manifest = Manifest.load(os.path.dirname(path))
+    return sum(entry.get("end", 0) for entry in manifest.sources.values())
 
 
 def _gens(medians: list[float]) -> str:
@@ -226,10 +301,20 @@ def main() -> None:
                         help="also max_field_bytes=8192 and capture_payloads=False")
     parser.add_argument("--tail", action="store_true",
                         help="also on and meta with tail_keep set (trajectories provisional)")
+    parser.add_argument("--compactor", action="store_true",
+                        help="modes off, on and compact (the exporter's compactor running)")
+    parser.add_argument("--compact-bytes", type=int, default=COMPACT_BYTES[0],
+                        help="the compact modes' compact_live_bytes (default 256 KiB)")
+    parser.add_argument("--normal-priority", action="store_true",
+                        help="with --compactor: also compactnormal (the child not lowered)")
     parser.add_argument("--modes", default=None, help="comma-separated modes besides off")
     parser.add_argument("--profile-mode", default=None,
                         help="run only this mode's rounds (for a profiler)")
     args = parser.parse_args()
+    COMPACT_BYTES[0] = args.compact_bytes
+    from otel_verl.exporters._compactor import StoreCompactor
+
+    StoreCompactor.check_s = 0.25  # (5 s by default: longer than a round)
     if args.profile_mode:
         with tempfile.TemporaryDirectory() as trace_dir:
             _round("off", 4, 0, args.context_tokens, trace_dir)  # warm-up
@@ -239,7 +324,10 @@ def main() -> None:
                 print(f"{args.profile_mode}: {res[0]:6.2f} traj/s, loop CPU "
                       f"{res[1] * 1e3:6.2f} ms/traj", flush=True)
         return
-    if args.modes:
+    if args.compactor:
+        modes = ["off", "on", "compact"] + (["compactnormal"] if args.normal_priority else [])
+        PRELUDE[0] = 4
+    elif args.modes:
         modes = ["off"] + [m for m in args.modes.split(",") if m and m != "off"]
     else:
         modes = ["off", "on"] + (["cap8k", "meta"] if args.all_modes else []) + \
@@ -248,18 +336,22 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown modes {unknown}; known: off, {', '.join(MODES)}")
     results: dict[str, list[tuple[float, ...]]] = {m: [] for m in modes}
+    written: list[int] = []  # store bytes per traced round
     with tempfile.TemporaryDirectory() as trace_dir:
         _round("off", 4, 0, args.context_tokens, trace_dir)  # warm-up
         for r in range(args.rounds):
             order = modes[r % len(modes):] + modes[:r % len(modes)]
             line = []
             for mode in order:
+                before = _store_bytes(trace_dir)
                 res = _round(mode, args.trajectories, r + 1, args.context_tokens, trace_dir)
+                if mode != "off":
+                    written.append(_store_bytes(trace_dir) - before)
                 results[mode].append(res)
                 line.append(f"{mode}: {res[0]:6.2f} traj/s, loop CPU {res[1] * 1e3:6.2f} ms/traj,"
                             f" other threads {res[2] * 1e3:6.2f}, GC {res[3] * 1e3:5.2f} ms/traj")
             print(f"round {r + 1}: " + " | ".join(line), flush=True)
-    med = {m: [statistics.median(x[i] for x in results[m]) for i in range(8)] for m in modes}
+    med = {m: [statistics.median(x[i] for x in results[m]) for i in range(12)] for m in modes}
     print(f"\n{args.trajectories} concurrent trajectories, 4 turns of {TURN_S * 1e3:.0f} ms, "
           f"{args.context_tokens}-token contexts, {args.rounds} rounds "
           f"(medians; per-round ratio spread in brackets)")
@@ -275,8 +367,30 @@ def main() -> None:
               f"{med['off'][3] * 1e3:.2f} in {med['off'][4]:.1f}); "
               f"{med[mode][0]:.2f} vs {med['off'][0]:.2f} traj/s; collections per round by "
               f"generation {_gens(med[mode])} (off {_gens(med['off'])})")
+    for name in ("compact", "compactnormal"):
+        if name not in modes or "on" not in modes:
+            continue
+        ratios = [c[0] / on[0] for c, on in zip(results[name], results["on"], strict=True)]
+        added = [(c[1] - on[1]) * 1e3 for c, on in zip(results[name], results["on"],
+                                                         strict=True)]
+        rounds = results[name]
+        print(f"{name:>13}/on throughput {_spread(ratios)}; event-loop CPU added "
+              f"{statistics.median(added):.2f} ms/traj (rounds {min(added):.2f}-{max(added):.2f});"
+              f" compaction children started {sum(r[8] for r in rounds):.0f} in "
+              f"{len(rounds)} rounds, their CPU {statistics.median(r[9] for r in rounds):.2f} s "
+              f"per round (rounds {min(r[9] for r in rounds):.2f}-"
+              f"{max(r[9] for r in rounds):.2f}; during the timed rollout "
+              f"{statistics.median(r[11] for r in rounds):.2f} s), compacted "
+              f"{statistics.median(r[10] for r in rounds) / 2**20:.1f} MiB per round; store "
+              f"bytes per traced round {statistics.median(written) / 2**20:.1f} MiB (the "
+              f"threshold {COMPACT_BYTES[0] / 2**20:g} MiB)")
     print(f"event-loop CPU per trajectory, off: {med['off'][1] * 1e3:.2f} ms   "
           "(targets: on/off >= 0.98 at 32k, >= 0.97 at 128k; meta >= 0.99; added <= 1 ms)")
+
+
+def _store_bytes(trace_dir: str) -> int:
+    return sum(os.path.getsize(os.path.join(trace_dir, name)) for name in os.listdir(trace_dir)
+               if name.endswith(".jsonl"))
 
 
 if __name__ == "__main__":
