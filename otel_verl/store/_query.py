@@ -50,6 +50,7 @@ viewer and ``otel-verl sql`` give the same numbers.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import os
@@ -354,6 +355,59 @@ def traces_path(lake: str, runs: int) -> str:
     return os.path.join(lake, "trajectories", f"traces-{runs}.parquet")
 
 
+def locator_path(lake: str, runs: int) -> str:
+    """Where each trace's rows sit: ``TraceId -> (segment, row, rows)`` for every span and
+    payload segment of manifest run ``runs`` (:data:`LOCATOR_SCHEMA`), sorted by trace id. A
+    trajectory page reads only the row groups it names (:meth:`Lake.trajectory`)."""
+    return os.path.join(lake, "trajectories", f"locate-{runs}.parquet")
+
+
+#: a locator row: ``rows`` rows from row ``row`` of ``segment`` (relative to the lake) hold
+#: spans (or payloads) of trace ``TraceId`` (a trace whose rows are not contiguous in a
+#: segment has one row per run of them)
+LOCATOR_SCHEMA = pa.schema([("TraceId", pa.string()), ("segment", pa.string()),
+                            ("row", pa.int64()), ("rows", pa.int64())])
+#: locator rows per row group (a lookup reads one: ~0.3 ms; 1M trajectories make ~1,200)
+_LOCATOR_GROUP = 2048
+
+
+def _locate_segment(lake: str, rel: str) -> pa.Table:
+    """The locator rows of one segment: each run of equal ``TraceId`` (segments are sorted by
+    trace: one run per trace), read back from the file itself."""
+    ids = pq.read_table(os.path.join(lake, rel), columns=["TraceId"],
+                        use_threads=False).column(0).combine_chunks()
+    n = len(ids)
+    if n == 0:
+        return LOCATOR_SCHEMA.empty_table()
+    change = pc.not_equal(ids.slice(1), ids.slice(0, n - 1))
+    starts = pa.concat_arrays([pa.array([0], pa.int64()), pc.add(
+        pc.indices_nonzero(change).cast(pa.int64()), 1)])
+    ends = pa.concat_arrays([starts.slice(1), pa.array([n], pa.int64())])
+    return pa.table([ids.take(starts), pa.array([rel] * len(starts), pa.string()), starts,
+                     pc.subtract(ends, starts)], schema=LOCATOR_SCHEMA)
+
+
+def write_locator(lake: str, manifest: Manifest, runs0: int | None, tmp: str) -> None:
+    """The locator of ``manifest`` (:func:`locator_path`) into ``tmp``: run ``runs0``'s
+    locator (when it is there) for the segments it covers, the others read back (their
+    ``TraceId`` column only)."""
+    parts: list[pa.Table] = []
+    covered: set[str] = set()
+    if runs0 is not None:
+        with contextlib.suppress(OSError, pa.ArrowException):
+            old = pq.read_table(locator_path(lake, runs0))
+            if old.schema.remove_metadata().equals(LOCATOR_SCHEMA):
+                parts.append(old)
+                covered = set(pc.unique(old.column("segment")).to_pylist())
+    parts += [_locate_segment(lake, rel) for rel in [*manifest.segments, *manifest.payloads]
+              if rel not in covered]
+    table = pa.concat_tables(parts) if parts else LOCATOR_SCHEMA.empty_table()
+    table = table.take(pc.sort_indices(table, sort_keys=[
+        ("TraceId", "ascending"), ("segment", "ascending"), ("row", "ascending")]))
+    pq.write_table(table, tmp, row_group_size=_LOCATOR_GROUP, compression="zstd",
+                   write_statistics=["TraceId"], use_dictionary=["segment"])
+
+
 def steps_path(lake: str, runs: int) -> str:
     """The segments' ``steps`` rows, beside :func:`cache_path`."""
     return os.path.join(lake, "trajectories", f"steps-{runs}.parquet")
@@ -508,16 +562,20 @@ def write_trajectory_cache(lake: str, manifest: Manifest, new_spans: pa.Table | 
                     + f") TO {_q(tmp_steps)} (FORMAT parquet)")
     finally:
         con.close()
-    for path in (tmp, tmp_reports, tmp_steps, tmp_traces, tmp_texts):
+    final_locator = locator_path(lake, manifest.runs)
+    tmp_locator = tmp.replace("cache-", "locate-")
+    write_locator(lake, manifest, before[0] if before is not None else None, tmp_locator)
+    for path in (tmp, tmp_reports, tmp_steps, tmp_traces, tmp_texts, tmp_locator):
         with open(path, "rb+") as handle:
             os.fsync(handle.fileno())
     os.replace(tmp_texts, final_texts)
     os.replace(tmp_traces, final_traces)
+    os.replace(tmp_locator, final_locator)
     os.replace(tmp_reports, final_reports)
     os.replace(tmp_steps, final_steps)
     os.replace(tmp, final)
     keep = {os.path.basename(p) for p in (final, final_reports, final_steps, final_traces,
-                                          final_texts)}
+                                          final_texts, final_locator)}
     # an earlier run's files go once no reader can still be on them: a lake opened on the
     # previous manifest (the viewer's, until its next poll) reads them per request
     now = time.time()
@@ -570,11 +628,19 @@ class Lake:
         self._partitions: dict[tuple[str, str], list[str]] = {}
         self._footers: dict[str, tuple[pq.ParquetFile, list[tuple[str, str]]]] = {}
         self._raw: pa.Table = Columns().table()
+        self._raw_payload: pa.Table = Columns().payload_table()
+        self._payload_files: list[str] = []
         self._excluded: set[str] = set()
         self._exclusion = ""
         self._views_pending: tuple[list[str], list[str], set[str]] | None = None
         self._steps_ready = False
         self._traces_index: str | None = None
+        self._locator: str | None = None
+        self._known: set[str] = set()  # the segments (span and payload) the manifest names
+        self._span_set: set[str] = set()
+        #: a segment's reader and its row groups' first rows (and the count past the last)
+        self._readers: dict[str, tuple[pq.ParquetFile, list[int]]] = {}
+        self._bounds: dict[str, list[str]] = {}  # the locator's row groups' first trace ids
         self.state = LakeState()
 
     @classmethod
@@ -643,6 +709,7 @@ class Lake:
             raw_payload = columns.payload_table()
             state.raw_spans = raw.num_rows
             self._raw = raw
+            self._raw_payload = raw_payload
             self._excluded = excluded
             con = self._con
             con.register("raw_spans_arrow", raw)
@@ -699,6 +766,11 @@ class Lake:
             self._steps_ready = False
             self._traces_index = (traces_path(self.lake_dir, manifest.runs) if state.cached
                                   else None)
+            locator = locator_path(self.lake_dir, manifest.runs)
+            self._locator = locator if state.cached and os.path.exists(locator) else None
+            self._known = set(segments) | set(payloads)
+            self._span_set = set(segments)
+            self._payload_files = payloads
             self._partitions = self._partition_files(segments)
             state.segment_rows = manifest.rows
             state.trajectories = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
@@ -902,48 +974,129 @@ class Lake:
             found = self._footers[path] = (reader, ranges)
         return found
 
+    def _located(self, trace_id: str) -> dict[str, list[tuple[int, int]]] | None:
+        """``{segment path: [(first row, rows), ...]}`` of one trace from compaction's locator
+        (:func:`locator_path`): one row group of it read; None without a locator."""
+        if self._locator is None:
+            return None
+        try:
+            reader, ranges = self._row_groups(self._locator)
+        except OSError:  # gone (a later compaction's, past CACHE_GRACE_S): the partitions
+            return None
+        bounds = self._bounds.get(self._locator)
+        if bounds is None:
+            bounds = self._bounds[self._locator] = [lo for lo, _ in ranges]
+        if bounds != sorted(bounds):  # (no statistics: every group may hold it)
+            groups = [g for g, (lo, hi) in enumerate(ranges) if lo <= trace_id <= hi]
+        else:  # sorted by trace id: the last group starting at or before it, and any before
+            groups = []  # it that end with it
+            g = bisect.bisect_right(bounds, trace_id) - 1
+            while g >= 0 and ranges[g][1] >= trace_id:
+                groups.insert(0, g)
+                g -= 1
+        out: dict[str, list[tuple[int, int]]] = {}
+        if not groups:
+            return out
+        table = reader.read_row_groups(groups, use_threads=False)
+        table = table.filter(pc.equal(table.column("TraceId"), pa.scalar(trace_id, pa.string())))
+        for segment, row, rows in zip(table.column("segment").to_pylist(),
+                                      table.column("row").to_pylist(),
+                                      table.column("rows").to_pylist(), strict=True):
+            path = os.path.join(self.lake_dir, segment)
+            if path in self._known:
+                out.setdefault(path, []).append((row, rows))
+        return out
+
+    def _read_rows(self, path: str, runs: list[tuple[int, int]], trace_id: str,
+                   columns: list[str] | None = None) -> pa.Table:
+        """The rows of ``trace_id`` among ``runs`` (first row, rows) of a segment: only the
+        row groups holding them are read."""
+        found = self._readers.get(path)
+        if found is None:
+            reader = pq.ParquetFile(path, memory_map=True)
+            meta = reader.metadata
+            starts = [0]
+            for g in range(meta.num_row_groups):
+                starts.append(starts[-1] + meta.row_group(g).num_rows)
+            found = self._readers[path] = (reader, starts)
+        reader, starts = found
+        groups = sorted({g for row, rows in runs for g in range(
+            max(0, bisect.bisect_right(starts, row) - 1),
+            min(len(starts) - 1, bisect.bisect_right(starts, row + max(rows, 1) - 1)))})
+        if not groups:
+            return reader.schema_arrow.empty_table() if columns is None else \
+                reader.schema_arrow.empty_table().select(columns)
+        table = reader.read_row_groups(groups, columns=columns, use_threads=False)
+        at, pos = {}, 0  # each group's first row in ``table``
+        for g in groups:
+            at[g] = pos
+            pos += starts[g + 1] - starts[g]
+        pieces = []
+        for row, rows in runs:
+            g = bisect.bisect_right(starts, row) - 1
+            if g in at:
+                pieces.append(table.slice(at[g] + row - starts[g], rows))
+        table = pa.concat_tables(pieces) if len(pieces) != 1 else pieces[0]
+        same = pc.equal(table.column("TraceId"), pa.scalar(trace_id, pa.string()))
+        # the locator's runs hold only the trace's rows (a filter of every column costs more)
+        return table if pc.all(same).as_py() is not False else table.filter(same)
+
+    def _scan_partitions(self, trace_id: str) -> list[pa.Table]:
+        """The rows of ``trace_id`` in the segments of its partitions (the trace index or the
+        ``trajectories`` rows say which; the raw rows' too) and of the spans without a step,
+        pruned by the row groups' ``TraceId`` ranges: a lake without a locator."""
+        key = pa.scalar(trace_id, pa.string())
+        where: set[tuple[str, str]] | None = None
+        if self._traces_index is not None and os.path.exists(self._traces_index):
+            reader, ranges = self._row_groups(self._traces_index, "trace_id")
+            groups = [g for g, (lo, hi) in enumerate(ranges) if lo <= trace_id <= hi]
+            if groups:
+                table = reader.read_row_groups(groups, use_threads=False)
+                table = table.filter(pc.equal(table["trace_id"], key))
+                where = {_part_key(e, st) for e, st in zip(
+                    table.column("experiment").to_pylist(), table.column("step").to_pylist(),
+                    strict=True)}
+        else:
+            where = {_part_key(r["experiment"], r["step"]) for r in self.rows(
+                "SELECT DISTINCT experiment, step FROM trajectories WHERE trace_id = ?",
+                [trace_id])}
+        if self._raw.num_rows:
+            mine = self._raw.filter(pc.equal(self._raw["TraceId"], key))
+            where = (where or set()) | {_part_key(e, st) for e, st in zip(
+                mine.column("experiment").to_pylist(), mine.column("step").to_pylist(),
+                strict=True) if st is not None}
+        wanted = where or set()
+        files = [f for part, paths in self._partitions.items()
+                 if part in wanted or part[1] == "step=" + NULL_PART for f in paths]
+        if not where:  # not a trajectory we know: look everywhere
+            files = self._segments
+        tables = []
+        for path in files:
+            reader, ranges = self._row_groups(path)
+            groups = [g for g, (lo, hi) in enumerate(ranges) if lo <= trace_id <= hi]
+            if groups:
+                table = reader.read_row_groups(groups, use_threads=False)
+                tables.append(table.filter(pc.equal(table["TraceId"], key)))
+        return tables
+
     def trajectory(self, trace_id: str) -> list[dict[str, Any]]:
         """Every stored span of one trace (``spans`` columns; maps as dicts; ``Timestamp`` and
         ``Events.Timestamp`` as int nanoseconds), by start time, deduplicated.
 
-        Reads only the row groups (sorted by ``TraceId``) of the trace's partitions (from
-        ``trajectories``) and of the spans without a step, and the raw rows of the trace."""
+        Reads the row groups compaction's locator names for the trace (:func:`locator_path`:
+        the cost of the trace, whatever the store's size) and the raw rows of the trace; a lake
+        without a locator (compacted before it existed), the row groups (sorted by ``TraceId``)
+        of the trace's partitions (from ``trajectories``) and of the spans without a step."""
         trace_id = trace_id.lower()
+        key = pa.scalar(trace_id, pa.string())
         with self._lock:
-            where: set[tuple[str, str]] | None = None
-            if self._traces_index is not None and os.path.exists(self._traces_index):
-                reader, ranges = self._row_groups(self._traces_index, "trace_id")
-                groups = [g for g, (lo, hi) in enumerate(ranges) if lo <= trace_id <= hi]
-                if groups:
-                    table = reader.read_row_groups(groups, use_threads=False)
-                    table = table.filter(pc.equal(table["trace_id"], trace_id))
-                    where = {_part_key(e, st) for e, st in zip(
-                        table.column("experiment").to_pylist(), table.column("step").to_pylist(),
-                        strict=True)}
-            else:
-                where = {_part_key(r["experiment"], r["step"]) for r in self.rows(
-                    "SELECT DISTINCT experiment, step FROM trajectories WHERE trace_id = ?",
-                    [trace_id])}
-            if self._raw.num_rows:
-                mine = self._raw.filter(pc.equal(self._raw["TraceId"], trace_id))
-                where = (where or set()) | {_part_key(e, st) for e, st in zip(
-                    mine.column("experiment").to_pylist(), mine.column("step").to_pylist(),
-                    strict=True) if st is not None}
-            wanted = where or set()
-            files = [f for key, paths in self._partitions.items()
-                     if key in wanted or key[1] == "step=" + NULL_PART for f in paths]
-            if not where:  # not a trajectory we know: look everywhere
-                files = self._segments
-            tables = []
-            for path in files:
-                reader, ranges = self._row_groups(path)
-                groups = [g for g, (lo, hi) in enumerate(ranges) if lo <= trace_id <= hi]
-                if groups:
-                    table = reader.read_row_groups(groups, use_threads=False)
-                    tables.append(table.filter(pc.equal(table["TraceId"], trace_id)))
+            located = self._located(trace_id)
+            tables = ([self._read_rows(path, runs, trace_id) for path, runs in located.items()
+                       if path in self._span_set]
+                      if located is not None else self._scan_partitions(trace_id))
             raw = self._raw
             if raw.num_rows:
-                tables.append(raw.filter(pc.equal(raw["TraceId"], trace_id)))
+                tables.append(raw.filter(pc.equal(raw["TraceId"], key)))
         rows = _first_copies([row for table in tables for row in _as_ints(table).to_pylist()
                               if row["source"] not in self._excluded])
         rows.sort(key=lambda r: (r["Timestamp"] is None, r["Timestamp"] or 0, r["SpanId"]))
@@ -962,9 +1115,24 @@ class Lake:
         return out
 
     def payloads_of(self, trace_id: str) -> dict[str, dict[str, str]]:
-        """``{span id: payload map}`` of one trace (prompts, answers, tool calls)."""
-        return {row["SpanId"]: dict(row["Payload"] or {}) for row in self.rows(
-            "SELECT SpanId, Payload FROM payloads WHERE TraceId = ?", [trace_id.lower()])}
+        """``{span id: payload map}`` of one trace (prompts, answers, tool calls): the payload
+        segments' row groups the locator names and the raw rows (without a locator, a query of
+        ``payloads``)."""
+        trace_id = trace_id.lower()
+        with self._lock:
+            located = self._located(trace_id)
+            if located is None:
+                return {row["SpanId"]: dict(row["Payload"] or {}) for row in self.rows(
+                    "SELECT SpanId, Payload FROM payloads WHERE TraceId = ?", [trace_id])}
+            names = ["TraceId", "SpanId", "Payload"]
+            tables = [self._read_rows(path, located[path], trace_id, names)
+                      for path in self._payload_files if path in located]
+            raw = self._raw_payload
+            if raw.num_rows:
+                tables.append(raw.select(names).filter(
+                    pc.equal(raw["TraceId"], pa.scalar(trace_id, pa.string()))))
+        return {row["SpanId"]: dict(row["Payload"] or {}) for table in tables
+                for row in table.to_pylist()}
 
     def iter_rows(self, query: str, params: list[Any] | None = None, batch: int = 10_000
                   ) -> Iterator[dict[str, Any]]:
