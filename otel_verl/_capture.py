@@ -24,7 +24,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_verl import _content, _errors, _payload, semconv
 from otel_verl._hotpath import attribute_map, clean_attributes, merge_clean
-from otel_verl._payload import TRUNCATION_MARK, redact_text, to_payload
+from otel_verl._payload import TRUNCATION_MARK, fast_json, redact_text, to_payload, walk_payload
 from otel_verl._state import STATE, TRAJECTORY, Runtime
 
 #: "argument not given" (``None`` is a value worth recording)
@@ -59,7 +59,7 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
     if runtime is None or not runtime.config.capture_payloads or not span.is_recording():
         return
     try:
-        existing = getattr(span, "attributes", None) or {}  # input and output arrive separately
+        existing = attribute_map(span)  # input and output arrive separately (read, no copy)
         attrs = payload_attrs(runtime, input, output, existing)
         if output is not UNSET and semconv.CONTENT_FIELD in existing:
             attrs.update(content_outputs(span, output))
@@ -83,23 +83,24 @@ def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, A
     render, as (key, mime key, value)."""
     attrs: dict[str, Any] = {}
     coded_field = None
-    if type(input) is dict:  # an op's bound inputs: a prompt is recorded as what it adds
-        coded = content_inputs(runtime, input)
+    options = _options(runtime.config)
+    if type(input) is dict and options.dedup:  # an op's bound inputs: a prompt is recorded as
+        coded = content_inputs(runtime, input, options)  # what it adds
         if coded is not None:
             input, content_attrs = coded
             attrs.update(content_attrs)
             coded_field = content_attrs[semconv.CONTENT_FIELD]
     refs = 0
+    fields: list[tuple[str, str, Any]] = []
     if input is not UNSET:
-        input, refs = content_refs(runtime, input, coded_field)
+        input, refs = content_refs(runtime, input, coded_field, options)
+        fields.append((semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, input))
     if output is not UNSET:
-        output, found = content_refs(runtime, output)
+        output, found = content_refs(runtime, output, None, options)
         refs += found
+        fields.append((semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, output))
     if refs:
         attrs[semconv.CONTENT_REFS] = existing.get(semconv.CONTENT_REFS, 0) + refs
-    fields = [(key, mime, value) for key, mime, value in (
-        (semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, input),
-        (semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, output)) if value is not UNSET]
     return attrs, fields
 
 
@@ -107,21 +108,25 @@ def _render(config: Any, fields: list[tuple[str, str, Any]],
             existing: Mapping[str, Any]) -> dict[str, Any]:
     """The rendered fields (capped, key-redacted JSON) and their markers, after ``existing``."""
     budget = config.max_span_bytes - len(existing.get(semconv.INPUT_VALUE, ""))
+    max_field, redact = config.max_field_bytes, config.redact
     attrs: dict[str, Any] = {}
     truncated: list[str] = []
     redacted = 0
     errors: list[str] = []
     for key, mime, value in fields:
-        payload = to_payload(value, max_bytes=min(config.max_field_bytes, max(256, budget)),
-                             redact=config.redact)
-        budget -= len(payload.json)
-        attrs[key] = payload.json
+        limit = min(max_field, max(256, budget))
+        text = fast_json(value, limit, redact)  # a small plain value: nothing cut or noted
+        if text is None:
+            payload = walk_payload(value, limit, redact)
+            text = payload.json
+            if payload.truncated:
+                truncated.append(key)
+            redacted += payload.redacted
+            if payload.error:
+                errors.append(payload.error)
+        budget -= len(text)
+        attrs[key] = text
         attrs[mime] = semconv.MIME_JSON
-        if payload.truncated:
-            truncated.append(key)
-        redacted += payload.redacted
-        if payload.error:
-            errors.append(payload.error)
     if truncated:
         attrs[semconv.OTEL_VERL_TRUNCATED] = [*existing.get(semconv.OTEL_VERL_TRUNCATED, ()),
                                               *truncated]
@@ -183,7 +188,8 @@ def content_store(runtime: Runtime) -> _content.ContentStore:
     return store
 
 
-def content_inputs(runtime: Runtime, inputs: dict[str, Any]
+def content_inputs(runtime: Runtime, inputs: dict[str, Any],
+                   options: ContentOptions | None = None
                    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``inputs`` with its prompt field replaced by what this call appends to the trajectory's
     previous call, plus the reference attributes (``otel_verl.content.*``); None when nothing
@@ -192,11 +198,16 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any]
     Work on the calling thread: one C-level prefix comparison, then O(what the call appended)
     (slice, encode, hash); the store write happens on the store's thread.
     """
-    options = _options(runtime.config)
+    if options is None:
+        options = _options(runtime.config)
     if not options.dedup:
         return None
-    found = next(((name, what, inputs[name]) for name, what in CONTENT_FIELDS
-                  if (type(inputs.get(name)) in (list, tuple)) and inputs[name]), None)
+    found: tuple[str, str, Sequence[Any]] | None = None
+    for name, what in CONTENT_FIELDS:
+        candidate = inputs.get(name)
+        if (type(candidate) is list or type(candidate) is tuple) and candidate:
+            found = name, what, candidate
+            break
     if found is None:
         return None
     field, kind, value = found
@@ -289,7 +300,8 @@ def settle_content(span: Span, attrs_now: Mapping[str, Any]) -> dict[str, Any]:
 REF_MIN_ITEMS = 64
 
 
-def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple[Any, int]:
+def content_refs(runtime: Runtime, value: Any, skip: str | None = None,
+                 options: ContentOptions | None = None) -> tuple[Any, int]:
     """``value`` with its large lists of content (token ids, messages) replaced by references
     into the content store, and how many were replaced: a list that repeats the trajectory's
     content (the agent loop's ``prompt_ids``/``response_ids``) points into its chain
@@ -299,7 +311,8 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
     Top-level fields of a mapping, a dataclass or a pydantic model, and one level below them
     (``skip``: a field left as it is). With ``content_dedup`` off or nothing to replace:
     ``value`` itself."""
-    options = _options(runtime.config)
+    if options is None:
+        options = _options(runtime.config)
     if not options.dedup or value is None or type(value) in (str, int, float, bool, list, tuple):
         return value, 0
     try:
@@ -316,6 +329,8 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
             continue
         kind = type(item)
         if kind is list or kind is tuple:  # (only a list or a tuple is ever replaced)
+            if not _may_ref(item):
+                continue
             if chains is None:
                 chains = _chains()
             new = _ref(runtime, options, item, chains)
@@ -324,7 +339,7 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
         elif kind is dict:
             inner: dict[str, Any] | None = None
             for name, sub in item.items():
-                if type(sub) is not list and type(sub) is not tuple:
+                if type(sub) is not list and type(sub) is not tuple or not _may_ref(sub):
                     continue
                 if chains is None:
                     chains = _chains()
@@ -342,6 +357,11 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None) -> tuple
     if out is None:
         return value, 0
     return _with_model_class(value, out), count
+
+
+def _may_ref(item: list[Any] | tuple[Any, ...]) -> bool:
+    """A list or tuple that ``_ref`` may replace: long enough, or a list of messages."""
+    return len(item) >= REF_MIN_ITEMS or bool(item) and type(item[0]) is dict
 
 
 def _chains() -> list[_content.DeltaChain]:
@@ -568,7 +588,7 @@ def record_failure(span: Span, exc: BaseException) -> None:
     try:
         if not span.is_recording():
             return
-        settled = _settle_pending(span, getattr(span, "attributes", None) or {})
+        settled = _settle_pending(span, attribute_map(span))
         if settled:
             span.set_attributes(settled)
         kind = type(exc)

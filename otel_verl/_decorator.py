@@ -47,7 +47,7 @@ from otel_verl._hotpath import (
 )
 from otel_verl._hotpath import detach as detach_context
 from otel_verl._state import STATE, TRAJECTORY, Runtime
-from otel_verl._trajectory import Outcome, current_outcome
+from otel_verl._trajectory import Outcome
 from otel_verl.exporters._scrub import fix_surrogates
 
 P = ParamSpec("P")
@@ -211,7 +211,7 @@ class _OpCall:
                 _policy.start_attributes(attrs)  # rl.policy.version (O(1))
             outcome = None
             if traj is not None and traj.span is not None and is_current(traj.span):
-                outcome = current_outcome()
+                outcome = traj.outcome  # (``current_outcome()``: traj is the current one)
             owner = None
             if spec.capture_input and runtime.config.capture_payloads:
                 owner, inputs = spec.bind(args, kwargs)

@@ -519,8 +519,11 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
             return None
         kind = type(item)
         if kind is dict:
-            if item and not _dict_keys_ok(item, redact):
-                return None
+            if item:
+                keys = tuple(item)  # a shape met before (only exact str keys are remembered)
+                if keys not in _KEYS_OK and not (set(map(type, keys)) <= _STR and
+                                                 _keys_ok(keys, redact)):
+                    return None
             values: Any = item.values()
         elif kind is list or kind is tuple:
             if len(item) > 16 and _only_ints(item):  # token ids: no walk of their own
@@ -568,13 +571,6 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     return str(data, "utf-8")
 
 
-def _dict_keys_ok(item: dict[Any, Any], redact: bool) -> bool:
-    keys = tuple(item)
-    if keys in _KEYS_OK:  # (a hit means every key is an exact str: only those are added)
-        return True
-    return set(map(type, keys)) <= _STR and _keys_ok(keys, redact)
-
-
 def _only_ints(items: list[Any] | tuple[Any, ...]) -> bool:
     """Every item is an exact int (token ids), checked at C speed (2x ``set(map(type, ...))``)."""
     return list(map(type, items)).count(int) == len(items)
@@ -618,17 +614,9 @@ def fast_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     ``max_bytes`` implies the same text at any larger one."""
     if _orjson is None:
         return None
-    max_bytes = max(256, max_bytes)
     kind = type(value)
-    if kind in _PLAIN_CONTAINERS:
-        return _plain_json(value, max_bytes, redact)
-    if dataclasses.is_dataclass(kind) and _plain_dataclass(kind):
-        try:
-            fields = {name: object.__getattribute__(value, name)
-                      for name in dataclass_field_names(kind)}
-        except Exception:  # noqa: BLE001 - a failing field: the walk notes it
-            return None
-        return _plain_json(fields, max_bytes, redact)
+    if kind in _PLAIN_CONTAINERS or _plain_fields(kind) is not None:  # (a plain dataclass)
+        return _plain_json(value, max(256, max_bytes), redact)
     return None
 
 
@@ -644,10 +632,15 @@ def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     Returns:
         The JSON text and what was cut, redacted or could not be serialised.
     """
-    max_bytes = max(256, max_bytes)
     fast = fast_json(value, max_bytes, redact)
     if fast is not None:
         return Payload(fast)
+    return walk_payload(value, max_bytes, redact)
+
+
+def walk_payload(value: Any, max_bytes: int, redact: bool) -> Payload:
+    """``to_payload`` by the budgeted walk alone (for a caller that tried ``fast_json``)."""
+    max_bytes = max(256, max_bytes)
     try:
         walker = _Walker(redact, max_bytes - max(64, max_bytes // 32))  # room for the marks
         data = walker.walk(value)
