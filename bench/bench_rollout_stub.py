@@ -59,6 +59,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from _paired import bootstrap_ratio_of_sums, fmt, median_interval
+
 from otel_verl import RolloutTraceConfig, rollout_trace_attr
 from otel_verl.rollout.agent_loop import ToolAgentLoop
 from otel_verl.rollout.clients import AsyncTokenClient, TokenOutput
@@ -374,7 +376,10 @@ def main() -> None:
         added = [(c[1] - on[1]) * 1e3 for c, on in zip(results[name], results["on"],
                                                          strict=True)]
         rounds = results[name]
-        print(f"{name:>13}/on throughput {_spread(ratios)}; event-loop CPU added "
+        rates = ([c[0] for c in rounds], [on[0] for on in results["on"]])
+        print(f"{name:>13}/on throughput {_spread(ratios)}, median "
+              f"{fmt(median_interval(ratios))}, ratio of sums "
+              f"{fmt(bootstrap_ratio_of_sums(*rates))}; event-loop CPU added "
               f"{statistics.median(added):.2f} ms/traj (rounds {min(added):.2f}-{max(added):.2f});"
               f" compaction children started {sum(r[8] for r in rounds):.0f} in "
               f"{len(rounds)} rounds, their CPU {statistics.median(r[9] for r in rounds):.2f} s "
