@@ -49,7 +49,7 @@ import duckdb
 import pyarrow as pa
 
 from otel_verl.store._compact import Manifest, lake_dir
-from otel_verl.store._query import Lake, steps_sql, trajectories_sql
+from otel_verl.store._query import REPORT_ORDER, Lake, steps_sql, trajectories_sql
 
 if TYPE_CHECKING:
     import ray.data
@@ -209,18 +209,27 @@ def step_statistics(dirs: Iterable[str | os.PathLike[str]], experiment: str | No
         con.execute("CREATE OR REPLACE TABLE steps AS SELECT * EXCLUDE (reason_names, "
                     "reason_counts), map(reason_names, reason_counts) AS by_reason "
                     "FROM ray_steps")
-        if reports is None:
-            con.execute("CREATE OR REPLACE TABLE reports (TraceId VARCHAR, SpanId VARCHAR, "
-                        "experiment VARCHAR, validate BOOLEAN, step BIGINT, "
-                        "report_counts MAP(VARCHAR, BIGINT))")
-        else:
-            con.register("ray_reports", reports)
-            con.execute("CREATE OR REPLACE TABLE reports AS SELECT DISTINCT ON (TraceId, "
-                        "SpanId) TraceId, SpanId, experiment, validate, step, report_counts "
-                        "FROM ray_reports")
+        reports_table(con, reports)
         return lake.steps(experiment)
     finally:
         lake.close()
+
+
+def reports_table(con: duckdb.DuckDBPyConnection, reports: pa.Table | None) -> None:
+    """``reports`` (the sampling reports' span rows gathered from every node, in whatever order
+    Ray's blocks came) as the table :meth:`Lake.steps` reads: one copy of a report stored twice,
+    the first by the lake's :data:`~otel_verl.store._query.REPORT_ORDER` (the one with more
+    counts), as on one machine; not the first the scan met."""
+    if reports is None:
+        con.execute("CREATE OR REPLACE TABLE reports (TraceId VARCHAR, SpanId VARCHAR, "
+                    "experiment VARCHAR, validate BOOLEAN, step BIGINT, "
+                    "report_counts MAP(VARCHAR, BIGINT))")
+        return
+    con.register("ray_reports", reports)
+    con.execute("CREATE OR REPLACE TABLE reports AS SELECT DISTINCT ON (TraceId, SpanId) "
+                "TraceId, SpanId, experiment, validate, step, report_counts FROM ray_reports "
+                f"ORDER BY {REPORT_ORDER}")
+    con.unregister("ray_reports")
 
 
 def _arrow(ds: ray.data.Dataset) -> pa.Table | None:

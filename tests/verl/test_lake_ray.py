@@ -103,3 +103,35 @@ def test_ray_data_over_three_nodes_equals_one_machine(tmp_path: Path, ray_cluste
         for column, value in want.items():
             assert _same(got_rows[key][column], value), (key, column, got_rows[key][column],
                                                          value)
+
+
+def test_a_report_stored_twice_across_nodes_is_read_as_one_machine_reads_it(
+        tmp_path: Path, ray_cluster: Any) -> None:
+    """The copies of a sampling report that disagree (a replayed spool: one copy with fewer
+    counts) sit on different nodes; Ray Data reads the one the lake reads (``REPORT_ORDER``: more
+    counts), whichever node's rows its scan meets first."""
+    from otel_verl.store import _ray
+
+    whole = tmp_path / "whole"
+    S.write_store(whole, 5, steps=2, prompts=2, n=2, files=2)
+    # step 0's report again, with fewer counts, first in every file
+    fewer = S._line([S._span(f"{0xfeed0000:032x}", f"{0xfeed0000:016x}", None,
+                             "otel_verl.sampling_report", 10**18, {
+                                 "rollout.step": 0, "rollout.validate": False,
+                                 "rollout.experiment_name": "exp", "rollout.sampling.ran": 50})],
+                    {"service.name": "rollout", "rollout.experiment_name": "exp"})
+    nodes = []
+    for i, path in enumerate(sorted(whole.glob("*.jsonl"))):
+        node = tmp_path / f"node{i}"
+        node.mkdir()
+        (node / "otel_verl-traces.jsonl").write_bytes(fewer + path.read_bytes())
+        path.write_bytes(fewer + path.read_bytes())
+        compact(node, live_bytes=0)
+        nodes.append(str(node))
+    with Lake.open(whole) as lake:
+        want = {(s["step"], s["validate"]): (s["ran"], s["dropped"]) for s in lake.steps()}
+    assert want[(0, False)] == (50, 7)  # the copy with more counts
+    for order in (nodes, nodes[::-1]):
+        got = {(s["step"], s["validate"]): (s["ran"], s["dropped"])
+               for s in _ray.step_statistics(order)}
+        assert got == want
