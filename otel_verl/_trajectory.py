@@ -98,6 +98,14 @@ def session_id(attrs: Mapping[str, Any]) -> str | None:
     return sid + "/validate" if attrs.get(semconv.ROLLOUT_VALIDATE) else sid
 
 
+_loads: Any = json.loads
+try:  # the fast decoder (a core dependency; the stdlib json is the fallback)
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
 #: ``json.dumps(..., separators=(",", ":"), default=str)``, its encoder made once
 _METADATA_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
 
@@ -206,7 +214,7 @@ def _show_outcome(span: Span, outcome: Outcome) -> None:
             if outcome.fields:
                 set_payload(span, output=outcome.fields)
             return
-        last = json.loads(outcome.last_output)
+        last = _loads(outcome.last_output)  # (our own rendered JSON: orjson reads it the same)
         merged = dict(last) if type(last) is dict else {"output": last}
         merged.update(outcome.fields)
         set_payload(span, output=merged)

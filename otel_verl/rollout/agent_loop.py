@@ -41,6 +41,7 @@ from opentelemetry import trace
 
 import otel_verl
 from otel_verl import semconv
+from otel_verl._hotpath import clean_attributes, merge_clean
 from otel_verl.rollout.clients import TokenOutput, chat_messages
 from otel_verl.rollout.parsers import FunctionCall, HermesToolParser
 from otel_verl.rollout.tools import BaseTool, ToolResponse
@@ -322,7 +323,7 @@ class ToolAgentLoop:
             attrs[semconv.GEN_AI_PROVIDER_NAME] = provider
         if isinstance(model, str):
             attrs[semconv.GEN_AI_REQUEST_MODEL] = model
-        span.set_attributes(attrs)
+        merge_clean(span, clean_attributes(attrs))  # one insert, validated once (``_hotpath``)
         otel_verl.set_trajectory_attribute(semconv.GEN_AI_CONVERSATION_ID, conversation_id)
 
     async def _call_tool(self, call: FunctionCall, call_id: str) -> ToolResponse:
