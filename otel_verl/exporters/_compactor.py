@@ -64,6 +64,9 @@ _logger = logging.getLogger(__name__)
 #: the child's exit codes: compacted (or nothing to do); another compaction held the lake's
 #: lock; the lake extra is not installed. Anything else is a failure.
 DONE, BUSY, NO_LAKE = 0, 3, 4
+#: the child neither traces nor compacts from an exporter of its own, whatever the training
+#: process's environment (``opentelemetry-instrument``'s sitecustomize, ``OTEL_VERL_*``) starts
+CHILD_ENV = {"OTEL_SDK_DISABLED": "true", "OTEL_VERL_BACKEND": "none", "OTEL_VERL_COMPACT": "false"}
 #: the longest back-off after failed children
 MAX_BACKOFF_S = 3600.0
 
@@ -276,7 +279,7 @@ class StoreCompactor:
             # its own session: a terminal's Ctrl-C is the training process's to handle
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, close_fds=True,
-                                          start_new_session=True)
+                                          start_new_session=True, env={**os.environ, **CHILD_ENV})
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self.counts["failed"] += 1
             self._failures += 1

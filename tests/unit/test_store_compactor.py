@@ -280,3 +280,14 @@ def test_the_option_wires_a_compactor_or_none(tmp_path: Path, options: dict[str,
 def test_the_boot_lowers_priority_before_importing_otel_verl() -> None:
     boot = _compactor._BOOT
     assert boot.index("SCHED_IDLE") < boot.index("os.nice(19)") < boot.index("otel_verl")
+
+
+def test_the_child_neither_traces_nor_compacts_by_itself(tmp_path: Path) -> None:
+    check = ("import os, sys; e = os.environ; sys.exit(0 if (e['OTEL_SDK_DISABLED'], "
+             "e['OTEL_VERL_BACKEND'], e['OTEL_VERL_COMPACT']) == ('true', 'none', 'false') else 1)")
+    c = _make(tmp_path, [sys.executable, "-c", check], interval_s=1.0, live_bytes=1)
+    c.wrote(10)
+    c.maybe_run(now=0.0)
+    _wait_done(c)
+    c.maybe_run(now=1.0)
+    assert c.counts["done"] == 1 and c.counts["failed"] == 0
