@@ -70,6 +70,12 @@ key                        meaning
 ``file_write_failed``      spans it could not write (also in ``export_failed``)
 ``file_warnings``          write-failure warnings it logged (rate-limited)
 ``file_warnings_suppressed`` write-failure warnings held back by the rate limit
+``compact_started``        compaction children the file exporter started (``compact``; each
+                           compacts the store into the lake at idle priority, ``_compactor``)
+``compact_done``           children that finished (or found nothing to do)
+``compact_busy``           children that found another compaction holding the lake's lock
+``compact_failed``         children that could not start or exited with an error (logged)
+``compact_killed``         children killed: running past an hour, or at shutdown
 ``spool_pending``          *gauge*: spans in this process's log not yet delivered
 ``spool_bytes``            *gauge*: bytes of this process's log on disk
 ``spool_held_bytes``       *gauge*: bytes held in memory because the log cannot be written
