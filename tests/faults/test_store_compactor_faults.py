@@ -173,3 +173,27 @@ def test_a_child_killed_midway_leaves_a_readable_store_and_the_next_finishes(
     figure(fault="exporter's compaction child SIGKILLed", recorded=sum(expected.values()),
            received=sum(_spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
            seconds=round(time.monotonic() - began, 1), note="then its next child finished")
+
+
+def test_a_compaction_that_fails_is_logged_and_swallowed(
+        tmp_path: Path, caplog: Any) -> None:
+    """The lake cannot be written (here its directory's name is taken by a file, as a full or
+    read-only disk would fail it): the real child exits with an error, the exporter's side logs
+    it and backs off, nothing raises."""
+    import logging
+
+    store = tmp_path / "store"
+    _closed_store(store)
+    Path(lake_dir(store)).write_bytes(b"not a directory")
+    compactor = StoreCompactor(store, interval_s=0.05)
+    compactor.check_s = 0.0
+    with caplog.at_level(logging.WARNING, logger="otel_verl.exporters._compactor"):
+        compactor.maybe_run()
+        proc = compactor.running
+        assert proc is not None
+        assert proc.wait(120) == 1
+        compactor.maybe_run()
+    assert compactor.counts["failed"] == 1 and compactor.counts["done"] == 0
+    assert any("exited with 1" in r.getMessage() for r in caplog.records)
+    assert compactor._interval() == 2 * compactor.interval_s  # backs off
+    compactor.shutdown()
