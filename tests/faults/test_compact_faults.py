@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from _lake_store import write_store
 
 from otel_verl.store import read_spans
 from otel_verl.store._compact import Manifest, compact, lake_dir
-from otel_verl.store._query import Lake
+from otel_verl.store._query import Lake, locator_path, write_locator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,6 +115,9 @@ def test_sigkill_at_any_moment_loses_nothing_and_duplicates_nothing(
                   for p in Path(lake_dir(store)).rglob("part-*.parquet")}
     manifest = Manifest.load(lake_dir(store))
     assert lake_files == set(manifest.segments) | set(manifest.payloads)  # orphans removed
+    fresh = str(tmp_path / "locate-fresh.parquet")  # the page's locator: every segment, once
+    write_locator(lake_dir(store), manifest, None, fresh)
+    assert pq.read_table(locator_path(lake_dir(store), manifest.runs)).equals(pq.read_table(fresh))
     figure(fault="compaction SIGKILLed", recorded=sum(expected.values()),
            received=sum(_spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
            seconds=round(time.monotonic() - began, 1), note=f"{kills} kills, then completed")
