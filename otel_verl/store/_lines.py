@@ -1,9 +1,9 @@
-"""Reading one store line again by its byte offset, and the last few lines decoded.
+"""Reading one store line again by its byte offset, and the last few lines read.
 
 A trajectory page re-reads the lines that hold its trace's spans (the lake's
 ``source``/``source_offset``); the rollouts of a group share their
-lines, so the last few decoded lines are kept. Lines never change once complete: the store only
-appends.
+lines, so the last few lines are kept (as the caller holds them: parsed, decoded). Lines never
+change once complete: the store only appends.
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ def line_at(path: str, offset: int) -> bytes | None:
 
 
 class LineCache:
-    """The decoded spans of the ``size`` lines used last, by (path, offset). Thread-safe."""
+    """What the caller made of the ``size`` lines used last (the viewer: each line parsed, and
+    the spans of the traces asked of it), by (path, offset). Thread-safe."""
 
     def __init__(self, size: int = 16) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._lines: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self._lines: dict[tuple[str, int], Any] = {}
 
-    def get(self, path: str, offset: int) -> list[dict[str, Any]] | None:
+    def get(self, path: str, offset: int) -> Any | None:
         key = (path, offset)
         with self._lock:
             cached = self._lines.pop(key, None)
@@ -44,7 +45,7 @@ class LineCache:
                 self._lines[key] = cached  # most recent last
             return cached
 
-    def put(self, path: str, offset: int, decoded: list[dict[str, Any]]) -> None:
+    def put(self, path: str, offset: int, decoded: Any) -> None:
         with self._lock:
             self._lines[(path, offset)] = decoded
             while len(self._lines) > self._size:
