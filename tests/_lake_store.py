@@ -4,6 +4,7 @@ identity, partial trajectories, errors, duplicated lines and sampling reports.""
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 from pathlib import Path
@@ -108,3 +109,19 @@ def write_store(directory: Path, seed: int, steps: int = 3, prompts: int = 3, n:
     finally:
         for h in handles:
             h.close()
+
+
+def spans_in_lake(store: Path) -> collections.Counter[tuple[str, str]]:
+    """Each (trace id, span id) the lake's ``spans`` view reads, with how often it reads it."""
+    from otel_verl.store._query import Lake
+
+    with Lake.open(store) as lake:
+        return collections.Counter(
+            tuple(r) for r in lake.sql("SELECT TraceId, SpanId FROM spans").fetchall())
+
+
+def spans_in_files(store: Path) -> collections.Counter[tuple[str, str]]:
+    """Each (trace id, span id) in the store's raw files, with how often it is there."""
+    from otel_verl.store import read_spans
+
+    return collections.Counter((s["trace_id"], s["span_id"]) for s in read_spans(store))

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import random
@@ -23,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from _lake_store import write_store
+from _lake_store import spans_in_files, spans_in_lake, write_store
 
-from otel_verl.store import read_spans
 from otel_verl.store._compact import Manifest, compact, lake_dir
 from otel_verl.store._query import Lake, locator_path, write_locator
 
@@ -71,21 +69,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
-def _spans_in_lake(store: Path) -> collections.Counter[tuple[str, str]]:
-    with Lake.open(store) as lake:
-        return collections.Counter(
-            tuple(r) for r in lake.sql("SELECT TraceId, SpanId FROM spans").fetchall())
-
-
-def _spans_in_files(store: Path) -> collections.Counter[tuple[str, str]]:
-    return collections.Counter((s["trace_id"], s["span_id"]) for s in read_spans(store))
-
-
 def test_sigkill_at_any_moment_loses_nothing_and_duplicates_nothing(
         tmp_path: Path, figure: Any) -> None:
     store = tmp_path / "store"
     write_store(store, 1, steps=40, prompts=8, n=4, files=3)
-    expected = _spans_in_files(store)
+    expected = spans_in_files(store)
     rng = random.Random(0)
     kills = 0
     began = time.monotonic()
@@ -104,11 +92,11 @@ def test_sigkill_at_any_moment_loses_nothing_and_duplicates_nothing(
                 child.send_signal(signal.SIGKILL)
         rc = child.wait(timeout=120)
         kills += rc == -signal.SIGKILL
-        assert _spans_in_lake(store) == expected  # complete, nothing twice
+        assert spans_in_lake(store) == expected  # complete, nothing twice
     assert kills >= 2
     stats = compact(store, live_bytes=0)
     assert not stats.busy
-    assert _spans_in_lake(store) == expected
+    assert spans_in_lake(store) == expected
     with Lake.open(store) as lake:
         assert lake.state.raw_spans == 0
     lake_files = {str(p.relative_to(lake_dir(store)))
@@ -119,7 +107,7 @@ def test_sigkill_at_any_moment_loses_nothing_and_duplicates_nothing(
     write_locator(lake_dir(store), manifest, None, fresh)
     assert pq.read_table(locator_path(lake_dir(store), manifest.runs)).equals(pq.read_table(fresh))
     figure(fault="compaction SIGKILLed", recorded=sum(expected.values()),
-           received=sum(_spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
+           received=sum(spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
            seconds=round(time.monotonic() - began, 1), note=f"{kills} kills, then completed")
 
 
@@ -135,7 +123,7 @@ def test_a_store_written_while_compacted_loses_nothing(tmp_path: Path, figure: A
     try:
         while writer.poll() is None:
             compact(store, live_bytes=0, chunk_spans=500)  # live files too, to their last line
-            counts = _spans_in_lake(store)
+            counts = spans_in_lake(store)
             assert all(n == 1 for n in counts.values()), "a span read twice"
             seen_growing.add(sum(counts.values()))
             rounds += 1
@@ -146,8 +134,8 @@ def test_a_store_written_while_compacted_loses_nothing(tmp_path: Path, figure: A
     assert written == total
     assert rounds >= 2 and len(seen_growing) >= 2  # compaction really ran during the writes
     compact(store, live_bytes=0)
-    counts = _spans_in_lake(store)
-    assert counts == _spans_in_files(store)
+    counts = spans_in_lake(store)
+    assert counts == spans_in_files(store)
     assert sum(counts.values()) == written and all(n == 1 for n in counts.values())
     figure(fault="written while compacted", recorded=written, received=sum(counts.values()),
            lost=written - len(counts), allowed=0, duplicates=0,

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import shutil
@@ -21,10 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _lake_store import write_store
+from _lake_store import spans_in_files, spans_in_lake, write_store
 
 from otel_verl.exporters._compactor import StoreCompactor
-from otel_verl.store import read_spans
 from otel_verl.store._compact import Manifest, compact, lake_dir
 from otel_verl.store._query import Lake
 from otel_verl.store._writers import IDLE_S
@@ -66,16 +64,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
-def _spans_in_lake(store: Path) -> collections.Counter[tuple[str, str]]:
-    with Lake.open(store) as lake:
-        return collections.Counter(
-            tuple(r) for r in lake.sql("SELECT TraceId, SpanId FROM spans").fetchall())
-
-
-def _spans_in_files(store: Path) -> collections.Counter[tuple[str, str]]:
-    return collections.Counter((s["trace_id"], s["span_id"]) for s in read_spans(store))
-
-
 def _answers(store: Path) -> tuple[Any, Any]:
     with Lake.open(store) as lake:
         rows = lake.sql("SELECT * FROM trajectories ORDER BY trace_id").fetchall()
@@ -103,8 +91,8 @@ def test_a_traced_process_compacts_its_own_store(tmp_path: Path, figure: Any) ->
     size = os.path.getsize(result["file"])
     # compacted while the process wrote (a live file: up to its last line then), not all of it
     assert 0 < manifest.sources[rel]["end"] < size
-    expected = _spans_in_files(store)
-    assert _spans_in_lake(store) == expected
+    expected = spans_in_files(store)
+    assert spans_in_lake(store) == expected
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     shutil.copy(result["file"], fresh)
@@ -113,7 +101,7 @@ def test_a_traced_process_compacts_its_own_store(tmp_path: Path, figure: Any) ->
         assert lake.state.raw_spans == 0
     assert _answers(store) == _answers(fresh)
     figure(fault="training process compacts its store", recorded=sum(expected.values()),
-           received=sum(_spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
+           received=sum(spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
            seconds=round(time.monotonic() - began, 1),
            note=f"{stats['compact_done']} compactions by its own child")
 
@@ -146,7 +134,7 @@ def test_a_child_killed_midway_leaves_a_readable_store_and_the_next_finishes(
         tmp_path: Path, figure: Any) -> None:
     store = tmp_path / "store"
     _closed_store(store)
-    expected = _spans_in_files(store)
+    expected = spans_in_files(store)
     compactor = StoreCompactor(store, interval_s=0.05)
     compactor.check_s = 0.0
     began = time.monotonic()
@@ -161,7 +149,7 @@ def test_a_child_killed_midway_leaves_a_readable_store_and_the_next_finishes(
             break
         time.sleep(0.001)
     assert proc.wait(60) == -signal.SIGKILL
-    assert _spans_in_lake(store) == expected  # complete, nothing twice
+    assert spans_in_lake(store) == expected  # complete, nothing twice
     deadline = time.monotonic() + 120
     while compactor.counts["done"] == 0 and time.monotonic() < deadline:
         compactor.maybe_run()
@@ -169,9 +157,9 @@ def test_a_child_killed_midway_leaves_a_readable_store_and_the_next_finishes(
     assert compactor.counts["done"] == 1 and compactor.counts["failed"] == 1
     with Lake.open(store) as lake:
         assert lake.state.raw_spans == 0  # the next child compacted all of it
-    assert _spans_in_lake(store) == expected
+    assert spans_in_lake(store) == expected
     figure(fault="exporter's compaction child SIGKILLed", recorded=sum(expected.values()),
-           received=sum(_spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
+           received=sum(spans_in_lake(store).values()), lost=0, allowed=0, duplicates=0,
            seconds=round(time.monotonic() - began, 1), note="then its next child finished")
 
 
