@@ -69,15 +69,19 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
 
 
 def payload_attrs(runtime: Runtime, input: Any, output: Any,
-                  existing: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``input.value``/``output.value`` attributes (and their markers) for one span."""
-    attrs, fields = _prepare(runtime, input, output, existing)
+                  existing: Mapping[str, Any], lazy: bool = False) -> dict[str, Any]:
+    """The ``input.value``/``output.value`` attributes (and their markers) for one span.
+
+    ``lazy``: the caller calls ``settle_inputs`` on the span when its call ends, before the
+    call's caller goes on (``_OpCall``): the prompt's O(context) work is left to the content
+    thread (``content_inputs``)."""
+    attrs, fields = _prepare(runtime, input, output, existing, lazy)
     attrs.update(_render(runtime.config, fields, existing))
     return attrs
 
 
-def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, Any]
-             ) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
+def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, Any],
+             lazy: bool = False) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
     """What must happen on the calling thread, in call order: the per-turn content (a prompt
     recorded as what it adds, references into the content store); and the fields left to
     render, as (key, mime key, value)."""
@@ -85,7 +89,7 @@ def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, A
     coded_field = None
     options = _options(runtime.config)
     if type(input) is dict and options.dedup:  # an op's bound inputs: a prompt is recorded as
-        coded = content_inputs(runtime, input, options)  # what it adds
+        coded = content_inputs(runtime, input, options, lazy)  # what it adds
         if coded is not None:
             input, content_attrs = coded
             attrs.update(content_attrs)
@@ -189,14 +193,16 @@ def content_store(runtime: Runtime) -> _content.ContentStore:
 
 
 def content_inputs(runtime: Runtime, inputs: dict[str, Any],
-                   options: ContentOptions | None = None
+                   options: ContentOptions | None = None, lazy: bool = False
                    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``inputs`` with its prompt field replaced by what this call appends to the trajectory's
     previous call, plus the reference attributes (``otel_verl.content.*``); None when nothing
     is delta-coded (no prompt field, ``content_dedup`` off, content that cannot be encoded).
 
     Work on the calling thread: one C-level prefix comparison, then O(what the call appended)
-    (slice, encode, hash); the store write happens on the store's thread.
+    (slice, encode, hash); the store write happens on the store's thread. ``lazy`` (inside a
+    trajectory, for a caller that calls ``settle_inputs`` when the call ends): not even the
+    comparison, nor the copy of a whole prompt (``DeltaChain.begin(lazy=True)``).
     """
     if options is None:
         options = _options(runtime.config)
@@ -216,11 +222,23 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any],
     chain = _content.chains_of(holder, field, kind)
     # a whole long prompt is hashed off the loop (its id goes on the span at its end, found
     # through the trajectory: outside one, it is hashed here)
-    step = chain.begin(value, defer_over=options.inline_bytes // 2 if traj is not None else 0)
+    step = chain.begin(value, defer_over=options.inline_bytes // 2 if traj is not None else 0,
+                       lazy=lazy and traj is not None)
     if step is None:
         return None
     if step.pending:
         return _pending_inputs(runtime, options, inputs, field, kind, step, traj, holder)
+    if type(step) is _content.ExtendStep:  # its prefix is compared off the loop; the call's
+        step.inputs = inputs  # end settles it (``settle_inputs``)
+        holder[_EXTEND + step.id] = step
+        _content.defer(step)
+    return _step_inputs(runtime, options, inputs, field, kind, step, traj, holder)
+
+
+def _step_inputs(runtime: Runtime, options: ContentOptions, inputs: dict[str, Any], field: str,
+                 kind: str, step: Any, traj: Any, holder: dict[str, Any]
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``content_inputs`` for a step whose id is known: the node stored, the attributes."""
     stored = content_store(runtime).put(kind, step)
     inline = len(step.delta_bytes) <= options.inline_bytes
     attrs: dict[str, Any] = {
@@ -247,6 +265,9 @@ def content_inputs(runtime: Runtime, inputs: dict[str, Any],
 
 #: the key (in the trajectory's content dict) of a field's whole prompt hashed off the loop
 _PENDING = "_pending:"
+#: the key (in the trajectory's content dict) of a field's extension whose prefix is compared
+#: off the loop (``_content.ExtendStep``)
+_EXTEND = "_extend:"
 
 
 def _pending_inputs(runtime: Runtime, options: ContentOptions, inputs: dict[str, Any],
@@ -294,6 +315,93 @@ def settle_content(span: Span, attrs_now: Mapping[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001
             _errors.internal_error(exc, "content prompt id")
     return {semconv.CONTENT_ID: step.id, semconv.CONTENT_STORED: step.stored or "missing"}
+
+
+def settle_inputs(span: Span) -> None:
+    """At the end (or failure) of a call whose inputs were captured ``lazy``: its prompt's
+    work left to the content thread is settled before the call's caller goes on (and may
+    change the list): a whole prompt's id (``settle_content``); an extension's prefix check
+    (``ExtendStep``), and where it failed (a prompt edited in place), the call recorded again
+    as it was sent: content attributes and ``input.value``. O(1) when nothing is pending (the
+    content thread did the work meanwhile, as a rule). Never raises."""
+    try:
+        attrs_now = attribute_map(span)
+        field = attrs_now.get(semconv.CONTENT_FIELD)
+        if type(field) is not str:
+            return
+        traj = TRAJECTORY.get()
+        if traj is None or not traj.content:
+            return
+        content_id = attrs_now.get(semconv.CONTENT_ID)
+        if content_id is None:  # a whole prompt hashed off the loop: its id, now
+            settled = settle_content(span, attrs_now)
+            if settled:
+                merge_clean(span, clean_attributes(settled))
+            return
+        ext = traj.content.pop(_EXTEND + content_id, None) if type(content_id) is str else None
+        if ext is not None and not ext.check():
+            _redo_inputs(span, ext, field, traj)
+    except Exception as exc:  # noqa: BLE001 - the call's result stands
+        _errors.internal_error(exc, "settling a prompt")
+
+
+#: the content attributes of a prompt step (what a call recorded again replaces)
+_STEP_KEYS = (semconv.CONTENT_ID, semconv.CONTENT_LEN, semconv.CONTENT_KIND,
+              semconv.CONTENT_FIELD, semconv.CONTENT_DELTA_LEN, semconv.CONTENT_INLINE,
+              semconv.CONTENT_STORED, semconv.CONTENT_BASE_ID, semconv.CONTENT_BASE_LEN,
+              semconv.CONTENT_BASE_SPAN_ID)
+
+
+def _redo_inputs(span: Span, ext: Any, field: str, traj: Any) -> None:
+    """A call recorded as an extension whose prefix turned out edited: recorded again, on this
+    thread (the rare path), as ``content_inputs`` records a prompt that extends nothing."""
+    runtime = STATE.runtime
+    chain = traj.content.get(field)
+    inputs = ext.inputs
+    ext.inputs = None
+    if runtime is None or type(chain) is not _content.DeltaChain or type(inputs) is not dict:
+        merge_clean(span, {semconv.CONTENT_STORED: "missing"})
+        return
+    options = _options(runtime.config)
+    kind = chain.kind
+    sent = ext.source
+    step = chain.redo(ext)
+    attrs: dict[str, Any]
+    if step is None:  # not encodable: the prompt as it is, capped (as without content_dedup)
+        attrs, shown, coded_field = {}, dict(inputs), None
+        if sent is not None:
+            shown[field] = sent[: ext.length]
+    else:
+        if step.pending:  # (``begin`` without ``defer_over``: computed at once, as a rule)
+            step.resolve()
+        shown, attrs = _step_inputs(runtime, options, inputs, field, kind, step, traj,
+                                    traj.content)
+        coded_field = field
+    value, refs = content_refs(runtime, shown, coded_field, options)
+    existing = attribute_map(span)
+    if refs:
+        attrs[semconv.CONTENT_REFS] = refs
+    attrs.update(_render(runtime.config, [(semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, value)],
+                         {}))
+    _drop_attributes(span, [key for key in _STEP_KEYS if key in existing and key not in attrs])
+    merge_clean(span, clean_attributes(attrs))
+
+
+def _drop_attributes(span: Span, keys: list[str]) -> None:
+    """Remove attributes from a started span (the SDK has no API for it: its attribute dict,
+    under the span's lock, where its shape is the known one; else the keys are left as they
+    are and the span says its content is missing, so no reader rebuilds from them)."""
+    if not keys:
+        return
+    bounded = getattr(span, "_attributes", None)
+    lock = getattr(span, "_lock", None)
+    store = attribute_map(span)
+    if lock is not None and type(store) is dict and store is getattr(bounded, "_dict", None):
+        with lock:
+            for key in keys:
+                store.pop(key, None)
+        return
+    merge_clean(span, {semconv.CONTENT_STORED: "missing"})
 
 
 #: a list shorter than this is never replaced by a reference (it costs less than one)

@@ -239,16 +239,21 @@ class PendingStep(Step):
     never change. Resolving also stores the node (``store.put``): ``stored`` says how it went.
     """
 
-    __slots__ = ("_done", "_kind", "_lock", "after", "after_value", "head_bytes", "root_span",
-                 "source", "store", "stored")
+    __slots__ = ("_done", "_kind", "_lock", "after", "after_value", "copy", "head_bytes",
+                 "lazy", "root_span", "source", "store", "stored")
 
     pending = True
 
     def __init__(self, kind: str, source: list[Any], length: int, delta: list[Any],
-                 head_bytes: bytes) -> None:
+                 head_bytes: bytes, lazy: bool = False) -> None:
         super().__init__(None, length, None, delta, None, None, 0, None)  # type: ignore[arg-type]
         self._kind = kind
         self.source = source
+        #: ``source`` is the caller's list (unchanged while its call runs), not the chain's copy:
+        #: the copy of its first ``length`` items (``copy``) is made where the step is resolved
+        #: (off the loop, as a rule; ``DeltaChain.begin(lazy=True)``)
+        self.lazy = lazy
+        self.copy: list[Any] | None = None
         self.head_bytes = head_bytes
         self.store: Any = None
         self.stored: str | None = None
@@ -276,6 +281,9 @@ class PendingStep(Step):
 
     def _compute(self) -> None:
         items, n = self.source, self.length
+        if self.lazy:  # the chain's copy, O(context): here, not on the loop
+            items = _own_copy(items if len(items) == n else items[:n])
+            self.copy = items
         hasher = _hasher()
         parts: list[bytes] = []
         tokens = self._kind == KIND_TOKENS
@@ -292,12 +300,74 @@ class PendingStep(Step):
         self.hasher = hasher
         self.id = _content_id(self._kind, hasher)
         self.source = []  # the chain keeps its copy; this step needs it no more
+        if self.lazy:
+            self.delta = items  # (the node's items: the copy, not the caller's list)
         store, self.store = self.store, None
         if store is not None:
             try:
                 self.stored = store.put(self._kind, self)
             except Exception:  # noqa: BLE001 - counted as missing, never a wrong rebuild
                 self.stored = "missing"
+
+
+#: a prompt of at least this many tokens that extends the chain's previous call as far as O(1)
+#: tells (``_ends_match``) is recorded as that extension at once, its prefix checked off the
+#: calling thread (``ExtendStep``): below it the check costs less than a hand-over
+VERIFY_MIN_ITEMS = 2048
+
+
+class ExtendStep(Step):
+    """A prompt recorded at once as what it appends to the chain's previous call (O(what it
+    appends) on the calling thread), whose O(context) check, that the rest of it equals the
+    chain's copy, runs off the thread (``defer``) while the call runs. ``check()`` (whoever
+    comes first, once, under the step's lock) says whether it holds; where it does not (a
+    prompt edited in place of a long context, whose first and last items stayed) the chain
+    undoes the step (``DeltaChain._settle``) and ``DeltaChain.redo`` records the call as
+    ``begin`` would have.
+
+    It reads the caller's list (``source``), which must not change while its call runs, as the
+    engine reads it (the call's end settles it before the caller goes on)."""
+
+    __slots__ = ("_checked", "_held", "_lock", "inputs", "ok", "prev", "source")
+
+    def __init__(self, content_id: str, length: int, hasher: Any, delta: list[Any],
+                 delta_bytes: bytes, base_id: str, base_len: int, base_span_id: str | None,
+                 source: list[Any], held: list[Any], prev: tuple[Any, ...]) -> None:
+        super().__init__(content_id, length, hasher, delta, delta_bytes, base_id, base_len,
+                         base_span_id)
+        self.source: list[Any] | None = source
+        self._held: list[Any] | None = held
+        #: the chain's state before this step (``DeltaChain._undo``)
+        self.prev = prev
+        #: what the call's inputs were (``_capture``: the call recorded again, on a mismatch)
+        self.inputs: Any = None
+        self.ok = False
+        self._checked = False
+        self._lock = threading.Lock()
+
+    def check(self) -> bool:
+        """The first ``length`` items of the caller's list equal the chain's copy (computed
+        once; the references to both lists are let go of when it holds)."""
+        if not self._checked:
+            with self._lock:
+                if not self._checked:
+                    held, source, n = self._held, self.source, self.length
+                    try:
+                        self.ok = held is not None and source is not None and (
+                            held == source if len(held) == n == len(source)
+                            else held[:n] == source[:n])
+                    except Exception:  # noqa: BLE001 - an item whose __eq__ raised
+                        self.ok = False
+                    self._held = None
+                    if self.ok:
+                        self.source = None
+                    self._checked = True
+        return self.ok
+
+    def resolve(self) -> bool:
+        """(the content thread's entry point) ``check()``; the id is known either way."""
+        self.check()
+        return True
 
 
 class _Deferred:
@@ -308,11 +378,11 @@ class _Deferred:
 
     def __init__(self) -> None:
         # a SimpleQueue: put/get in C, no Python-level Condition on the event loop per submit
-        self._queue: queue.SimpleQueue[PendingStep | _Spare | _Mark] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[PendingStep | ExtendStep | _Spare | _Mark] = queue.SimpleQueue()
         self._start = threading.Lock()  # taken only to start the thread (first use, after fork)
         self._pid = 0
 
-    def submit(self, step: PendingStep | _Spare | _Mark) -> None:
+    def submit(self, step: PendingStep | ExtendStep | _Spare | _Mark) -> None:
         if self._pid != os.getpid():
             with self._start:
                 if self._pid != os.getpid():
@@ -323,7 +393,7 @@ class _Deferred:
         self._queue.put(step)
 
     @staticmethod
-    def _run(steps: queue.SimpleQueue[PendingStep | _Spare | _Mark]) -> None:
+    def _run(steps: queue.SimpleQueue[PendingStep | ExtendStep | _Spare | _Mark]) -> None:
         while True:
             step = steps.get()
             try:
@@ -362,6 +432,8 @@ def defer(step: Step, store: Any = None) -> None:
     if isinstance(step, PendingStep):
         step.store = store
         _DEFERRED.submit(step)
+    elif type(step) is ExtendStep:
+        _DEFERRED.submit(step)
 
 
 class DeltaChain:
@@ -388,15 +460,17 @@ class DeltaChain:
         #: (two flat lists: no tuple per node for the young GC to count)
         self._marks: list[int] = []
         self._mark_ids: list[str] = []
-        #: the last whole prompt, while its id is computed off the thread (``PendingStep``)
-        self._pending: PendingStep | None = None
+        #: the last whole prompt, while its id is computed off the thread (``PendingStep``), or
+        #: the last extension, while its prefix is checked off the thread (``ExtendStep``)
+        self._pending: PendingStep | ExtendStep | None = None
 
     def __del__(self) -> None:
-        # the chain's copy goes back to the spares, unless a step not yet computed encodes it
-        # (``PendingStep.source``: it lets go of it, for an empty list, once computed)
+        # the chain's copy goes back to the spares, unless a step not yet settled reads it
+        # (``PendingStep.source``, for messages; ``ExtendStep``: its check compares it)
         try:
             pending = self._pending
-            if pending is None or pending.source is not self._items:
+            if pending is None or type(pending) is not ExtendStep and \
+                    pending.source is not self._items:
                 _recycle(self._items)
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown: nothing to keep
             pass
@@ -414,7 +488,14 @@ class DeltaChain:
         step, self._pending = self._pending, None
         if step is None:
             return
+        if isinstance(step, ExtendStep):
+            if not step.check():
+                self._undo(step)
+            return
         if step.resolve():
+            if step.copy is not None:  # tokens: the copy made where it was resolved
+                self._items = step.copy
+                step.copy = None
             self._prompt_id = self._full_id = step.id
             self._prompt_hasher = step.hasher.copy()
             self._full_hasher = step.hasher
@@ -428,7 +509,8 @@ class DeltaChain:
             self._prompt_hasher = self._full_hasher = None
             self._span_id = None
 
-    def begin(self, items: Sequence[Any], defer_over: int = 0) -> Step | None:
+    def begin(self, items: Sequence[Any], defer_over: int = 0,
+              lazy: bool = False) -> Step | None:
         """The step for a call whose input field is ``items``; None when it cannot be encoded.
 
         ``defer_over``: a whole prompt (one that extends nothing) of more items than this
@@ -436,6 +518,14 @@ class DeltaChain:
         ``message_chars``, at least ``DEFER_MIN_CHARS``) comes back as a ``PendingStep``: its
         encode and hash (O(context)) are left to ``defer``/``resolve``, and the calling thread
         does only the copy the chain keeps (one C-level pass) and, for tokens, a head of it.
+
+        ``lazy`` (tokens, with ``defer_over``; for a caller that settles the step when its call
+        ends, before the caller of the call goes on: ``_capture.settle_inputs``): no O(context)
+        work on the calling thread at all. The copy of a whole prompt is made where it is
+        hashed; a prompt of at least ``VERIFY_MIN_ITEMS`` that extends the previous call as far
+        as O(1) tells is recorded as that extension at once, and compared off the thread
+        (``ExtendStep``). Both read the caller's list later: it must not change while the
+        call runs (as the engine reads it meanwhile).
 
         The prefix check compares the previous prompt + response (else the previous prompt
         alone) with the head of ``items``: one C-level list comparison (``new[:n] == prev``, a
@@ -452,14 +542,17 @@ class DeltaChain:
         held = self._items
         delta: list[Any] | None = None
         extended = False  # ``held`` already holds ``new`` (the appended items were added)
+        speculate = False  # recorded as the extension now, its prefix checked later
         if (self._full_id is not None and len(held) == full
                 and _ends_match(held, new, full)):
+            speculate = lazy and bool(defer_over) and self._kind == KIND_TOKENS and \
+                full >= VERIFY_MIN_ITEMS  # the comparison: off the thread (ExtendStep)
             if len(new) == full:
-                extended = new == held
+                extended = speculate or new == held
             else:  # append the rest, then one C-level comparison of equal-length lists: no
                 delta = new[full:]  # copy of the long prefix (``new[:full] == held`` makes one)
                 held.extend(delta)
-                extended = held == new
+                extended = speculate or held == new
                 if not extended:
                     del held[full:]
             if extended:
@@ -475,9 +568,9 @@ class DeltaChain:
         if base_id is None and defer_over:
             if self._kind == KIND_TOKENS:
                 if len(new) > max(defer_over, DEFER_MIN_ITEMS):
-                    return self._begin_deferred(new)
+                    return self._begin_deferred(new, lazy)
             elif message_chars(new) > max(defer_over, DEFER_MIN_CHARS):
-                return self._begin_deferred(new)
+                return self._begin_deferred(new, False)
         data = self._encode(delta)
         if data is None:
             if extended:
@@ -486,8 +579,17 @@ class DeltaChain:
         if hasher is None:
             hasher = _hasher()
         hasher.update(data)
-        step = Step(_content_id(self._kind, hasher), len(new), hasher, delta, data, base_id,
-                    base_len, self._span_id if base_id is not None else None)
+        step: Step
+        if speculate and base_id is not None:
+            extension = ExtendStep(
+                _content_id(self._kind, hasher), len(new), hasher, delta, data, base_id,
+                base_len, self._span_id, new, held,
+                (self._prompt_id, self._prompt_len, self._prompt_hasher, self._full_id,
+                 self._full_len, self._full_hasher, self._span_id, len(self._marks)))
+            self._pending = step = extension
+        else:
+            step = Step(_content_id(self._kind, hasher), len(new), hasher, delta, data, base_id,
+                        base_len, self._span_id if base_id is not None else None)
         # the chain moves to this prompt now (a failed call is still the next call's base)
         if base_id is not None:
             if not extended:
@@ -511,7 +613,7 @@ class DeltaChain:
         self._span_id = None
         return step
 
-    def _begin_deferred(self, new: list[Any]) -> Step | None:
+    def _begin_deferred(self, new: list[Any], lazy: bool) -> Step | None:
         if self._kind == KIND_TOKENS:
             head = token_bytes(new[:DEFER_HEAD])
             if head is None or type(new[-1]) is not int:  # not plain ints: not delta-coded
@@ -521,10 +623,16 @@ class DeltaChain:
             head = b""  # list may grow in place before the store's thread writes it)
             delta = list(new)
         old = self._items
-        self._items = _own_copy(new)  # the chain's copy: the step encodes it (the caller's may
-        # change)
+        if lazy and self._kind == KIND_TOKENS:
+            # the chain's copy is made where the step is resolved (off the loop, as a rule):
+            # the caller's list does not change while its call runs, and the call's end
+            # resolves the step before the caller goes on
+            self._items = []
+            step = PendingStep(self._kind, new, len(new), delta, head, lazy=True)
+        else:  # the chain's copy: the step encodes it (the caller's may change)
+            self._items = _own_copy(new)
+            step = PendingStep(self._kind, self._items, len(new), delta, head)
         _recycle(old)  # settled in begin: no pending step encodes it
-        step = PendingStep(self._kind, self._items, len(new), delta, head)
         self._marks, self._mark_ids = [step.length], [""]
         self._prompt_len = self._full_len = step.length
         self._prompt_id = self._full_id = None
@@ -532,6 +640,30 @@ class DeltaChain:
         self._span_id = None
         self._pending = step
         return step
+
+    def _undo(self, step: ExtendStep) -> None:
+        """The chain back where it was before ``step`` (whose prefix did not hold)."""
+        (self._prompt_id, self._prompt_len, self._prompt_hasher, self._full_id, self._full_len,
+         self._full_hasher, self._span_id, marks) = step.prev
+        del self._items[self._full_len:]
+        del self._marks[marks:]
+        del self._mark_ids[marks:]
+
+    def redo(self, step: ExtendStep) -> Step | None:
+        """The call of ``step``, whose prefix turned out changed, recorded as ``begin`` records
+        a prompt that does not extend the previous call (on the calling thread: the rare
+        path), when no later call began since; else as a whole prompt of its own. None when
+        its prompt cannot be encoded."""
+        if self._pending is step:
+            self._settle()
+        source, step.source = step.source, None
+        if source is None:
+            return None
+        items = source if len(source) == step.length else source[:step.length]
+        prev = step.prev
+        if self._pending is None and self._full_id == prev[3] and self._full_len == prev[4]:
+            return self.begin(items)
+        return root_step(self._kind, items)
 
     def finish(self, content_id: str, length: int, response: Sequence[Any] | None,
                span_id: str | None) -> Step | None:

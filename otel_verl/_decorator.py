@@ -35,6 +35,7 @@ from otel_verl._capture import (
     payload_attrs,
     record_failure,
     set_payload,
+    settle_inputs,
     token_texts,
 )
 from otel_verl._hotpath import (
@@ -183,7 +184,7 @@ class _OpCall:
     step that is otel_verl's own work is guarded: a bug here is logged, the user's call goes on.
     """
 
-    __slots__ = ("outcome", "owner", "runtime", "span", "spec", "token")
+    __slots__ = ("lazy", "outcome", "owner", "runtime", "span", "spec", "token")
 
     def __init__(self, spec: _OpSpec, runtime: Runtime, span: Span, owner: Any,
                  token: Any, outcome: Outcome | None = None) -> None:
@@ -191,12 +192,18 @@ class _OpCall:
                                                                       token)
         #: the trajectory's outcome, for a top-level op (its input and output may show there)
         self.outcome = outcome
+        #: inputs captured ``lazy`` (``settle`` before the call's caller goes on)
+        self.lazy = False
 
     @classmethod
     def begin(cls, spec: _OpSpec, args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> _OpCall | None:
+              kwargs: dict[str, Any], lazy: bool = False) -> _OpCall | None:
         """Start the span (current from now on), capture inputs and run the ``before`` hook;
-        None when not recording."""
+        None when not recording.
+
+        ``lazy`` (a plain function or coroutine: its caller does not run until it returns):
+        the prompt's O(context) work is left to the content thread, settled when the call ends
+        (``settle``); a generator's caller runs between its items, so it is never lazy."""
         runtime = STATE.runtime
         if runtime is None:
             return None
@@ -213,9 +220,10 @@ class _OpCall:
             if traj is not None and traj.span is not None and is_current(traj.span):
                 outcome = traj.outcome  # (``current_outcome()``: traj is the current one)
             owner = None
-            if spec.capture_input and runtime.config.capture_payloads:
+            captured = spec.capture_input and runtime.config.capture_payloads
+            if captured:
                 owner, inputs = spec.bind(args, kwargs)
-                attrs.update(payload_attrs(runtime, inputs, UNSET, {}))
+                attrs.update(payload_attrs(runtime, inputs, UNSET, {}, lazy))
             elif spec.has_self and args:
                 owner = args[0]
             if outcome is not None:
@@ -231,12 +239,20 @@ class _OpCall:
             _errors.internal_error(exc, f"starting span {spec.name}")
             return None
         call = cls(spec, runtime, span, owner, token, outcome)
+        call.lazy = lazy and captured
         if spec.before is not None and args:
             try:
                 spec.before(args[0], kwargs)
             except Exception as exc:
                 _errors.internal_error(exc, f"before-hook of {spec.name}")
         return call
+
+    def settle(self) -> None:
+        """The inputs' work left to the content thread, settled on the span (``lazy``; O(1) when
+        that thread has done it): before the call's caller goes on, or token2text reads it."""
+        if self.lazy:
+            self.lazy = False
+            settle_inputs(self.span)
 
     def detach(self) -> None:
         """Stop being the current span (generators re-enter with ``step_context``)."""
@@ -278,6 +294,7 @@ class _OpCall:
 
     def end(self, output: Any, extra: Mapping[str, Any] | None = None) -> None:
         self.detach()
+        self.settle()
         try:
             if self.spec.capture_output:
                 value = dict(as_dict(output), **extra) if extra else output
@@ -291,6 +308,7 @@ class _OpCall:
 
     def fail(self, exc: BaseException) -> None:
         self.detach()
+        self.settle()
         record_failure(self.span, exc)
         self.span.end()
 
@@ -303,7 +321,7 @@ def _sync_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        call = _OpCall.begin(spec, args, kwargs)
+        call = _OpCall.begin(spec, args, kwargs, lazy=True)
         if call is None:
             return fn(*args, **kwargs)
         try:
@@ -311,6 +329,7 @@ def _sync_wrapper(spec: _OpSpec) -> Callable[..., Any]:
         except BaseException as exc:
             call.fail(exc)
             raise
+        call.settle()
         call.run_after(result)
         call.end(result, call.texts(args, kwargs, result) if call.wants_text() else None)
         return result
@@ -323,7 +342,7 @@ def _async_wrapper(spec: _OpSpec) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        call = _OpCall.begin(spec, args, kwargs)
+        call = _OpCall.begin(spec, args, kwargs, lazy=True)
         if call is None:
             return await fn(*args, **kwargs)
         try:
@@ -331,6 +350,7 @@ def _async_wrapper(spec: _OpSpec) -> Callable[..., Any]:
         except BaseException as exc:
             call.fail(exc)
             raise
+        call.settle()
         call.run_after(result)
         extra = None
         if call.wants_text():  # decoding can take milliseconds: off the event loop's thread
