@@ -6,10 +6,10 @@ A guard of the chain's copy (issue 18's hostile cases): it holds on the chain as
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 import pytest
+from _content_nodes import add_node
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,11 +85,11 @@ def test_chains_rebuild_every_turn_when_the_caller_edits_its_list_in_place(first
             if before is not None and len(sent) >= len(before[1]) and \
                     sent[: len(before[1])] == before[1]:
                 assert step.base_len == len(before[1])  # a real extension is always found
-            _add(index, step)
+            add_node(index, step)
             assert index.rebuild(step.id) == sent
             node = chains[who].finish(step.id, step.length, answer, f"{who + 1:016x}")
             if node is not None:
-                _add(index, node)
+                add_node(index, node)
                 assert index.rebuild(node.id) == sent + answer
             ids.extend(answer)  # the engine's answer joins the caller's list
             prev[who] = (sent, sent + answer)
@@ -105,11 +105,3 @@ def test_chains_rebuild_every_turn_when_the_caller_edits_its_list_in_place(first
                     assert index.rebuild(ref["$content"])[: ref["len"]] + ref["delta"] == value
             assert chains[who].reference(sent) is not None  # its own prompt, always
 
-
-def _add(index: ContentIndex, step: _content.Step) -> None:
-    if step.id == step.base_id:  # appends nothing: the base's node is this content's
-        return
-    index.nodes.pop(step.id, None)
-    with tempfile.NamedTemporaryFile("wb", suffix=".nodes", delete=False) as f:
-        f.write(_content.node_line(KIND_TOKENS, step))
-    index.read_file(f.name)
