@@ -481,21 +481,22 @@ def _scrub_value(value: Any) -> tuple[Any, int]:
     """Every string inside ``value`` through the span scrubber (one pass per string)."""
     from otel_verl.exporters._scrub import scrub
 
-    hits = 0
+    hits = [0]
+    return _scrub_walk(value, scrub, hits), hits[0]
 
-    def walk(item: Any) -> Any:
-        nonlocal hits
-        if type(item) is str:
-            text, found = scrub(item)
-            hits += found
-            return text
-        if isinstance(item, Mapping):
-            return {k: walk(v) for k, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [walk(v) for v in item]
-        return item
 
-    return walk(value), hits
+def _scrub_walk(item: Any, scrub: Any, hits: list[int]) -> Any:
+    # (a module function, not a closure: a recursive closure is a reference cycle per call,
+    # garbage that only the cyclic GC frees, and each collection scans the tokens in flight)
+    if type(item) is str:
+        text, found = scrub(item)
+        hits[0] += found
+        return text
+    if isinstance(item, Mapping):
+        return {k: _scrub_walk(v, scrub, hits) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        return [_scrub_walk(v, scrub, hits) for v in item]
+    return item
 
 
 _STORES: dict[tuple[str, int, bool], ContentStore] = {}

@@ -120,6 +120,29 @@ _MAX_EXPONENT = 64
 _MAX_MAGNITUDE = 10**30
 
 
+def _eval_node(node: ast.AST) -> int | float:
+    """One node of ``safe_eval``'s tree (a module function: a recursive closure is a reference
+    cycle per call, garbage that only the cyclic GC frees)."""
+    if isinstance(node, ast.Expression):
+        return _eval_node(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return cast("int | float", node.value)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return cast("int | float", _UNARY[type(node.op)](_eval_node(node.operand)))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval_node(node.left), _eval_node(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
+            raise ValueError("exponent too large")
+        try:
+            value = _BINARY[type(node.op)](left, right)
+        except ZeroDivisionError as exc:
+            raise ValueError("division by zero") from exc
+        if isinstance(value, complex) or abs(value) > _MAX_MAGNITUDE:
+            raise ValueError("result out of range")
+        return cast("int | float", value)
+    raise ValueError(f"unsupported element: {type(node).__name__}")
+
+
 def safe_eval(expression: str) -> int | float:
     """Evaluate an arithmetic expression (numbers, + - * / // % **, parentheses) without ``eval``.
 
@@ -131,28 +154,7 @@ def safe_eval(expression: str) -> int | float:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
         raise ValueError(f"not an arithmetic expression: {expression!r}") from exc
-
-    def walk(node: ast.AST) -> int | float:
-        if isinstance(node, ast.Expression):
-            return walk(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return cast("int | float", node.value)
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return cast("int | float", _UNARY[type(node.op)](walk(node.operand)))
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left, right = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
-                raise ValueError("exponent too large")
-            try:
-                value = _BINARY[type(node.op)](left, right)
-            except ZeroDivisionError as exc:
-                raise ValueError("division by zero") from exc
-            if isinstance(value, complex) or abs(value) > _MAX_MAGNITUDE:
-                raise ValueError("result out of range")
-            return cast("int | float", value)
-        raise ValueError(f"unsupported element: {type(node).__name__}")
-
-    value = walk(tree)
+    value = _eval_node(tree)
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError("result is not finite")
     return value
