@@ -227,6 +227,27 @@ def message_chars(messages: Sequence[Any]) -> int:
     return total
 
 
+#: the locks under which a deferred step is computed once (``PendingStep.resolve``,
+#: ``ExtendStep.check``), picked by the step's id(): a lock per step is one more object for the
+#: cyclic GC per LLM call; two steps share one only by chance (1 in ``len(_STEP_LOCKS)``)
+_STEP_LOCKS = tuple(threading.Lock() for _ in range(64))
+
+
+def _step_lock(step: object) -> threading.Lock:
+    return _STEP_LOCKS[(id(step) >> 4) % len(_STEP_LOCKS)]
+
+
+def _reinit_step_locks() -> None:
+    """In a forked child: a lock the parent's content thread held at the fork stays held there
+    (a step the child resolves itself must not wait on it)."""
+    for lock in _STEP_LOCKS:
+        lock._at_fork_reinit()  # type: ignore[attr-defined]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_step_locks)
+
+
 class PendingStep(Step):
     """A whole prompt whose encode and hash happen off the event loop (turn 1 of a long
     context: O(context) work that is not needed until the call ends).
@@ -239,7 +260,7 @@ class PendingStep(Step):
     never change. Resolving also stores the node (``store.put``): ``stored`` says how it went.
     """
 
-    __slots__ = ("_done", "_kind", "_lock", "after", "after_value", "copy", "head_bytes",
+    __slots__ = ("_done", "_kind", "after", "after_value", "copy", "head_bytes",
                  "lazy", "root_span", "source", "store", "stored")
 
     pending = True
@@ -263,14 +284,13 @@ class PendingStep(Step):
         #: rule): ``after_value = after()`` (e.g. the preview of turn 1's messages on the span)
         self.after: Any = None
         self.after_value: Any = None
-        self._lock = threading.Lock()
         self._done = False
 
     def resolve(self) -> bool:
         """Compute the id (and store the node) unless done; False when the prompt turned out
         not to be plain ints (not delta-coded: the span says ``stored=missing``)."""
         if not self._done:
-            with self._lock:
+            with _step_lock(self):
                 if not self._done:
                     self._compute()
                     after, self.after = self.after, None
@@ -328,7 +348,7 @@ class ExtendStep(Step):
     It reads the caller's list (``source``), which must not change while its call runs, as the
     engine reads it (the call's end settles it before the caller goes on)."""
 
-    __slots__ = ("_checked", "_held", "_lock", "inputs", "ok", "prev", "source")
+    __slots__ = ("_checked", "_held", "inputs", "ok", "prev", "source")
 
     def __init__(self, content_id: str, length: int, hasher: Any, delta: list[Any],
                  delta_bytes: bytes, base_id: str, base_len: int, base_span_id: str | None,
@@ -343,13 +363,12 @@ class ExtendStep(Step):
         self.inputs: Any = None
         self.ok = False
         self._checked = False
-        self._lock = threading.Lock()
 
     def check(self) -> bool:
         """The first ``length`` items of the caller's list equal the chain's copy (computed
         once; the references to both lists are let go of when it holds)."""
         if not self._checked:
-            with self._lock:
+            with _step_lock(self):
                 if not self._checked:
                     held, source, n = self._held, self.source, self.length
                     try:

@@ -197,3 +197,20 @@ def test_a_generator_op_is_not_lazy(monkeypatch: pytest.MonkeyPatch) -> None:
                 prompt += [5000 + n]
     assert not watch.checks  # no ExtendStep
     assert any(on_loop and n >= LONG for on_loop, n in watch.copies)
+
+
+def test_a_step_lock_held_at_fork_is_free_in_the_child() -> None:
+    """Steps are computed once under one of a few shared locks (no lock object per LLM call):
+    one that the parent's content thread holds at a fork must not stay held in the child."""
+    import os
+
+    lock = _content._step_lock(object())
+    lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: every step lock can be taken
+            os._exit(0 if all(each.acquire(timeout=2) for each in _content._STEP_LOCKS) else 3)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        lock.release()
+    assert os.waitstatus_to_exitcode(status) == 0
