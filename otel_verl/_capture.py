@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 import traceback
@@ -515,12 +516,80 @@ def _ref(runtime: Runtime, options: ContentOptions, item: Any,
                     return ref
     if not big:
         return None
-    step = _content.root_step(wanted, value)
+    step = _root_messages(item, value) if wanted == _content.KIND_MESSAGES else \
+        _content.root_step(wanted, value)
     if step is None:
         return None
     if content_store(runtime).put(wanted, step) != "stored":
         return None  # over budget: the list stays in the payload (capped), not a dead link
     return {_content.REF_KEY: step.id, "len": step.length, "delta": []}
+
+
+#: message lists stored by their id lately (a dataset prompt), by ``id()`` of the list: the
+#: n rollouts of a GRPO group get the very same row objects (verl repeats the batch's object
+#: arrays), so the group's prompt is encoded and hashed once, not n times. Each entry holds
+#: the list (its id stays its own), the identity of every message's values, and the step.
+_ROOT_MESSAGES: collections.OrderedDict[int, tuple[Any, tuple[Any, ...], _content.Step]] = \
+    collections.OrderedDict()
+#: entries kept (a step holds its prompt's bytes: ~64 prompts in flight at 128k is ~8 MiB)
+_ROOT_MESSAGES_KEPT = 64
+#: message values whose identity says they did not change (immutable)
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def _root_messages(item: Any, value: list[Any]) -> _content.Step | None:
+    """``_content.root_step`` of a message list, computed once for the same list object while
+    its messages hold the very same (immutable) values: O(messages) identity checks instead of
+    encoding and hashing O(characters) again."""
+    cached = _ROOT_MESSAGES.get(id(item))
+    if cached is not None and cached[0] is item and _same_messages(value, cached[1]):
+        try:
+            _ROOT_MESSAGES.move_to_end(id(item))
+        except KeyError:  # (another thread evicted it meanwhile)
+            pass
+        return cached[2]
+    step = _content.root_step(_content.KIND_MESSAGES, value)
+    if step is None:
+        return None
+    shape = _message_shape(value)
+    if shape is not None:
+        _ROOT_MESSAGES[id(item)] = (item, shape, step)
+        while len(_ROOT_MESSAGES) > _ROOT_MESSAGES_KEPT:
+            try:
+                _ROOT_MESSAGES.popitem(last=False)
+            except KeyError:
+                break
+    return step
+
+
+def _message_shape(messages: list[Any]) -> tuple[Any, ...] | None:
+    """Each message's (key, value) pairs, when every message is a plain dict of immutable
+    values (else None: not cached)."""
+    shape = []
+    for message in messages:
+        if type(message) is not dict:
+            return None
+        items = tuple(message.items())
+        for key, val in items:
+            if type(key) is not str or type(val) not in _IMMUTABLE:
+                return None
+        shape.append(items)
+    return tuple(shape)
+
+
+def _same_messages(messages: list[Any], shape: tuple[Any, ...]) -> bool:
+    if len(messages) != len(shape):
+        return False
+    for message, items in zip(messages, shape, strict=True):
+        if type(message) is not dict or len(message) != len(items):
+            return False
+        for key, val in items:
+            if message.get(key, _MISSING) is not val:
+                return False
+    return True
+
+
+_MISSING = object()
 
 
 def _preview(kind: str, step: _content.Step, limit: int) -> Any:

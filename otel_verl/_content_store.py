@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import json
 import logging
 import os
 import threading
@@ -54,6 +55,14 @@ from otel_verl._content import (
 )
 from otel_verl._current import TRAJECTORY
 
+_orjson_loads: Any = None
+try:  # the fast decoder (a core dependency)
+    import orjson
+
+    _orjson_loads = orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
 _log = logging.getLogger("otel_verl")
 
 #: the store's thread writes every this many seconds, or at once past ``WAKE_BYTES`` queued (a
@@ -72,6 +81,19 @@ _READ_CHUNK = 1 << 16
 
 
 # --- the content store (write side) ------------------------------------------------------------
+
+
+def messages_of(data: bytes) -> list[Any]:
+    """The messages whose hashed bytes are ``data`` (``message_bytes``: one compact JSON text
+    per message, each followed by a newline, which compact JSON never holds otherwise): what a
+    messages node is written from, so the node holds exactly what its id was computed over, as
+    it was when the call was made (the caller's dicts may have changed since)."""
+    lines = data.split(b"\n")[:-1]
+    try:
+        return [_orjson_loads(line) for line in lines] if _orjson_loads is not None else \
+            [json.loads(line) for line in lines]
+    except ValueError:  # (the json fallback's lone surrogates: not UTF-8, as they were hashed)
+        return [json.loads(line.decode("utf-8", "surrogatepass")) for line in lines]
 
 
 def node_line(kind: str, step: Step, scrubbed_delta: Any = None) -> bytes:
@@ -305,7 +327,7 @@ class ContentStore:
                 warn = False
                 self._reserved += size
                 items = (kind, content_id, step.length, step.base_id, step.base_len,
-                         step.delta_bytes, None if kind == KIND_TOKENS else step.delta)
+                         step.delta_bytes, None)  # (a messages node: from its bytes)
                 if owner is None:
                     self._enqueue(items, size)
                 else:
@@ -419,6 +441,8 @@ class ContentStore:
 
     def _write(self, kind: str, content_id: str, length: int, base_id: str | None,
                base_len: int, delta_bytes: bytes, delta: Any) -> None:
+        if kind == KIND_MESSAGES and delta is None:
+            delta = messages_of(delta_bytes)
         if kind == KIND_MESSAGES and self.redact:
             delta, hits = _scrub_value(delta)
             if hits:
