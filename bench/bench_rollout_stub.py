@@ -40,6 +40,9 @@ divided by the trajectories). The export thread's CPU is not on the loop's threa
 printed too (process CPU minus loop CPU), and so is the cyclic GC's time and number of
 collections per trajectory (``gc.callbacks``, any thread).
 
+``--group-size N``: the trajectories come in GRPO groups of N rollouts of one prompt, handed the
+very same row objects (as verl's repeated batch hands them over); default 1, each its own.
+
 Run: ``python bench/bench_rollout_stub.py [--rounds 5] [--trajectories 64]`` in a venv with the
 unit tier's requirements (httpx).
 """
@@ -151,7 +154,8 @@ async def _batch(n: int, step: int, context_tokens: int, trace: bool = True
     loop_obj = ToolAgentLoop(SlowEngineClient(tokenizer), tokenizer, tools=[CalculatorTool()],
                              reward_fn=Gsm8kReward(), max_assistant_turns=4, max_user_turns=4,
                              max_response_length=4096)
-    rows = [_row(i, context_tokens) for i in range(n)]
+    groups = [_row(g, context_tokens) for g in range((n + GROUP[0] - 1) // GROUP[0])]
+    rows = [groups[i // GROUP[0]] for i in range(n)]  # a group's rollouts: the same row objects
 
     async def one(i: int) -> float | None:
         with rollout_trace_attr(step=step, sample_index=i, rollout_n=0, name="agent_loop",
@@ -167,6 +171,9 @@ async def _batch(n: int, step: int, context_tokens: int, trace: bool = True
     return wall, cpu
 
 
+#: ``--group-size``: rollouts per prompt (a GRPO group: its rollouts get the very same row
+#: objects, as verl's repeated batch hands them over); 1 = every trajectory its own prompt
+GROUP = [1]
 #: BENCH_DEBUG_GC=1: print each round's collections by generation and by thread
 DEBUG_GC = bool(os.environ.get("BENCH_DEBUG_GC"))
 TAIL = {"tail_keep": "errors,truncated"}
@@ -299,6 +306,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--trajectories", type=int, default=64)
     parser.add_argument("--context-tokens", type=int, default=32 * 1024)
+    parser.add_argument("--group-size", type=int, default=1,
+                        help="rollouts per prompt, sharing its row objects (GRPO's n)")
     parser.add_argument("--all-modes", action="store_true",
                         help="also max_field_bytes=8192 and capture_payloads=False")
     parser.add_argument("--tail", action="store_true",
@@ -314,6 +323,7 @@ def main() -> None:
                         help="run only this mode's rounds (for a profiler)")
     args = parser.parse_args()
     COMPACT_BYTES[0] = args.compact_bytes
+    GROUP[0] = max(1, args.group_size)
     from otel_verl.exporters._compactor import StoreCompactor
 
     StoreCompactor.check_s = 0.25  # (5 s by default: longer than a round)
@@ -355,7 +365,8 @@ def main() -> None:
             print(f"round {r + 1}: " + " | ".join(line), flush=True)
     med = {m: [statistics.median(x[i] for x in results[m]) for i in range(12)] for m in modes}
     print(f"\n{args.trajectories} concurrent trajectories, 4 turns of {TURN_S * 1e3:.0f} ms, "
-          f"{args.context_tokens}-token contexts, {args.rounds} rounds "
+          f"{args.context_tokens}-token contexts, {args.rounds} rounds"
+          f"{f', groups of {GROUP[0]} rollouts per prompt' if GROUP[0] > 1 else ''} "
           f"(medians; per-round ratio spread in brackets)")
     for mode in modes[1:]:
         ratios = [m[0] / off[0] for m, off in zip(results[mode], results["off"], strict=True)]
