@@ -61,9 +61,15 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
         return
     try:
         existing = attribute_map(span)  # input and output arrive separately (read, no copy)
+        chained = output is not UNSET and semconv.CONTENT_FIELD in existing
+        first = None
+        if chained and _long_response(runtime, output):
+            # the response joins the chain first, so the output's reference points at its
+            # node: not a second node of its own (the same tokens stored twice, hashed again)
+            first = content_outputs(span, output)
         attrs = payload_attrs(runtime, input, output, existing)
-        if output is not UNSET and semconv.CONTENT_FIELD in existing:
-            attrs.update(content_outputs(span, output))
+        if chained:
+            attrs.update(first if first is not None else content_outputs(span, output))
         merge_clean(span, clean_attributes(attrs))  # validated once, one insert (``_hotpath``)
     except Exception as exc:
         _errors.internal_error(exc, "set_payload")
@@ -732,6 +738,16 @@ def content_outputs(span: Span, output: Any) -> dict[str, Any]:
     stored = content_store(runtime).put(str(attrs_now.get(semconv.CONTENT_KIND)), node)
     return {**settled, semconv.CONTENT_OUTPUT_ID: node.id,
             semconv.CONTENT_OUTPUT_LEN: node.length, semconv.CONTENT_OUTPUT_STORED: stored}
+
+
+def _long_response(runtime: Runtime, output: Any) -> bool:
+    """The output's response tokens (``RESPONSE_FIELDS``) are over ``content_inline_bytes``: the
+    payload refers to them rather than carrying them."""
+    for key in RESPONSE_FIELDS:
+        value = _field(output, key)
+        if type(value) is list or type(value) is tuple:
+            return len(value) * 4 > _options(runtime.config).inline_bytes
+    return False
 
 
 def _field(output: Any, key: str) -> Any:
