@@ -107,7 +107,11 @@ def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, A
         input, refs = content_refs(runtime, input, coded_field, options)
         fields.append((semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, input))
     if output is not UNSET:
-        output, found = content_refs(runtime, output, None, options)
+        # a chained call's short response is not in the chain yet (``content_outputs`` comes
+        # after) and is kept inline: no search for it (a long one joined the chain first)
+        skip = _short_response_key(runtime, output) if semconv.CONTENT_FIELD in existing \
+            else None
+        output, found = content_refs(runtime, output, skip, options)
         refs += found
         fields.append((semconv.OUTPUT_VALUE, semconv.OUTPUT_MIME_TYPE, output))
     if refs:
@@ -722,11 +726,8 @@ def content_outputs(span: Span, output: Any) -> dict[str, Any]:
         return settled
     response = None
     if attrs_now.get(semconv.CONTENT_KIND) == _content.KIND_TOKENS:
-        for key in RESPONSE_FIELDS:
-            value = _field(output, key)
-            if type(value) is list or type(value) is tuple:
-                response = value
-                break
+        found = _response_of(output)
+        response = found[1] if found is not None else None
     span_id = format(span.get_span_context().span_id, "016x")
     node = chain.finish(content_id, int(attrs_now.get(semconv.CONTENT_LEN, -1)), response,
                         span_id)
@@ -743,11 +744,25 @@ def content_outputs(span: Span, output: Any) -> dict[str, Any]:
 def _long_response(runtime: Runtime, output: Any) -> bool:
     """The output's response tokens (``RESPONSE_FIELDS``) are over ``content_inline_bytes``: the
     payload refers to them rather than carrying them."""
+    found = _response_of(output)
+    return found is not None and len(found[1]) * 4 > _options(runtime.config).inline_bytes
+
+
+def _short_response_key(runtime: Runtime, output: Any) -> str | None:
+    """The output's field of response tokens (``RESPONSE_FIELDS``) when it is not long."""
+    found = _response_of(output)
+    if found is None or len(found[1]) * 4 > _options(runtime.config).inline_bytes:
+        return None
+    return found[0]
+
+
+def _response_of(output: Any) -> tuple[str, list[Any] | tuple[Any, ...]] | None:
+    """(field, tokens) of the output's first ``RESPONSE_FIELDS`` list, if any."""
     for key in RESPONSE_FIELDS:
         value = _field(output, key)
         if type(value) is list or type(value) is tuple:
-            return len(value) * 4 > _options(runtime.config).inline_bytes
-    return False
+            return key, value
+    return None
 
 
 def _field(output: Any, key: str) -> Any:
