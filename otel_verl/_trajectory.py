@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, SpanKind
 
 from otel_verl import _errors, _evaluations, semconv
-from otel_verl._capture import record_failure, scrub_text, set_payload
+from otel_verl._capture import cap_text, record_failure, set_payload
 from otel_verl._hotpath import attach_span, clean_attributes, start_span
 from otel_verl._hotpath import detach as detach_context
 from otel_verl._sampling import normalise_index, sampling_attributes
@@ -340,7 +340,8 @@ def set_trajectory_input(value: Any) -> None:
         return
     runtime = STATE.runtime
     if runtime is not None and runtime.config.capture_payloads:
-        traj.span.set_attributes({semconv.INPUT_VALUE: scrub_text(value),
+        # capped here, O(cap); its secrets are redacted on the export thread (``cap_text``)
+        traj.span.set_attributes({semconv.INPUT_VALUE: cap_text(value),
                                   semconv.INPUT_MIME_TYPE: semconv.MIME_TEXT})
 
 

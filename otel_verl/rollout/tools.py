@@ -27,6 +27,7 @@ from opentelemetry import trace
 
 import otel_verl
 from otel_verl import semconv
+from otel_verl._capture import cap_text
 from otel_verl.semconv import GenAIOperation, SpanKindName
 
 __all__ = ["BaseTool", "CalculatorTool", "ToolResponse", "safe_eval"]
@@ -57,11 +58,12 @@ def _annotate_tool_span(name: str, description: str, call_id: str, arguments: An
     if description:
         attrs[semconv.GEN_AI_TOOL_DESCRIPTION] = description
     if otel_verl.RolloutTraceConfig.get_config().capture_payloads:  # content is opt-out
-        # same redaction and caps as input.value/output.value
+        # the caps of input.value/output.value; secrets in text are redacted on the export
+        # thread (``cap_text``), key-named ones here (``payload_json``)
         attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = (
-            otel_verl.scrub_text(arguments) if isinstance(arguments, str)
+            cap_text(arguments) if isinstance(arguments, str)
             else otel_verl.payload_json(arguments))
-        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = otel_verl.scrub_text(result)
+        attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = cap_text(result)
     span.set_attributes(attrs)
 
 
