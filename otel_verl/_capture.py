@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -93,19 +94,22 @@ def set_payload(span: Span, *, input: Any = UNSET, output: Any = UNSET) -> None:
 
 
 def payload_attrs(runtime: Runtime, input: Any, output: Any,
-                  existing: Mapping[str, Any], lazy: bool = False) -> dict[str, Any]:
+                  existing: Mapping[str, Any], lazy: bool = False,
+                  pending: PendingRefs | None = None) -> dict[str, Any]:
     """The ``input.value``/``output.value`` attributes (and their markers) for one span.
 
     ``lazy``: the caller calls ``settle_inputs`` on the span when its call ends, before the
     call's caller goes on (``_OpCall``): the prompt's O(context) work is left to the content
-    thread (``content_inputs``)."""
-    attrs, fields = _prepare(runtime, input, output, existing, lazy)
+    thread (``content_inputs``); with ``pending`` too, a dataset prompt's hash
+    (``content_refs``, then ``settle_refs``)."""
+    attrs, fields = _prepare(runtime, input, output, existing, lazy, pending)
     attrs.update(_render(runtime.config, fields, existing))
     return attrs
 
 
 def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, Any],
-             lazy: bool = False) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
+             lazy: bool = False, pending: PendingRefs | None = None
+             ) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
     """What must happen on the calling thread, in call order: the per-turn content (a prompt
     recorded as what it adds, references into the content store); and the fields left to
     render, as (key, mime key, value)."""
@@ -121,7 +125,9 @@ def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, A
     refs = 0
     fields: list[tuple[str, str, Any]] = []
     if input is not UNSET:
-        input, refs = content_refs(runtime, input, coded_field, options)
+        if pending is not None:  # what settling needs, where the placeholder cannot stand
+            pending.value, pending.skip = input, coded_field
+        input, refs = content_refs(runtime, input, coded_field, options, pending)
         fields.append((semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, input))
     if output is not UNSET:
         # a chained call's short response is not in the chain yet (``content_outputs`` comes
@@ -434,15 +440,82 @@ def _drop_attributes(span: Span, keys: list[str]) -> None:
 
 #: a list shorter than this is never replaced by a reference (it costs less than one)
 REF_MIN_ITEMS = 64
+#: the id a reference names while its content is hashed off the loop (``settle_refs`` puts the
+#: content id in its place before the span ends; never a content id, so no reader could take
+#: it for one)
+PLACEHOLDER_PREFIX = "msg:pending:"
+_PLACEHOLDERS = itertools.count(1)
+
+
+class PendingRefs:
+    """The references of one lazy call's inputs whose content is hashed off the loop (a dataset
+    prompt): (placeholder, step) pairs, and the inputs as they were before references replaced
+    anything (what the call is recorded from again where a step cannot be stored)."""
+
+    __slots__ = ("refs", "skip", "value")
+
+    def __init__(self) -> None:
+        self.refs: list[tuple[str, _content.Step]] = []
+        self.value: Any = None
+        self.skip: str | None = None
+
+
+def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
+    """At the end (or failure) of a call whose inputs named placeholders (``content_refs`` with
+    ``pending``): each content id in its placeholder's place in ``input.value`` (and in the
+    trajectory's first input, ``outcome``), before the call's caller goes on. O(1) per step when
+    the content thread has hashed it (as a rule) plus one pass over ``input.value``. Where a
+    step cannot be stored (content that is not JSON, a store over its budget), the input is
+    recorded again as without deferring: the list stays in it, capped, never a dead link.
+    Never raises."""
+    try:
+        runtime = STATE.runtime
+        if runtime is None:
+            return
+        store = content_store(runtime)
+        ids: dict[str, str] = {}
+        stored = True
+        for placeholder, step in pending.refs:
+            if not step.resolve() or store.put(_content.KIND_MESSAGES, step) != "stored":
+                stored = False
+                break
+            ids[placeholder] = str(step.id)
+        attrs_now = attribute_map(span)
+        text = attrs_now.get(semconv.INPUT_VALUE)
+        attrs: dict[str, Any]
+        if stored:
+            if type(text) is not str:
+                return
+            new = text
+            for placeholder, content_id in ids.items():
+                new = new.replace(f'"{placeholder}"', f'"{content_id}"', 1)
+            attrs = {semconv.INPUT_VALUE: new}
+        else:  # the rare path: recorded again, on this thread
+            value, found = content_refs(runtime, pending.value, pending.skip)
+            attrs = _render(runtime.config,
+                            [(semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, value)], {})
+            if found:
+                attrs[semconv.CONTENT_REFS] = found
+            elif semconv.CONTENT_REFS in attrs_now:
+                _drop_attributes(span, [semconv.CONTENT_REFS])
+            new = attrs[semconv.INPUT_VALUE]
+        if outcome is not None and text is not None and outcome.first_input == text:
+            outcome.first_input = new
+        merge_clean(span, clean_attributes(attrs))
+    except Exception as exc:  # noqa: BLE001 - the call's result stands
+        _errors.internal_error(exc, "settling a reference")
 
 
 def content_refs(runtime: Runtime, value: Any, skip: str | None = None,
-                 options: ContentOptions | None = None) -> tuple[Any, int]:
+                 options: ContentOptions | None = None, pending: PendingRefs | None = None
+                 ) -> tuple[Any, int]:
     """``value`` with its large lists of content (token ids, messages) replaced by references
     into the content store, and how many were replaced: a list that repeats the trajectory's
     content (the agent loop's ``prompt_ids``/``response_ids``) points into its chain
     (``DeltaChain.reference``); any other list over ``content_inline_bytes`` (a dataset prompt)
-    is stored once by its id (``{"$content": id, "len": n, "delta": []}``).
+    is stored once by its id (``{"$content": id, "len": n, "delta": []}``). With ``pending`` (the inputs of a lazy
+    call), such a list of messages is hashed off the loop and named by a placeholder until the
+    call ends (``settle_refs``).
 
     Top-level fields of a mapping, a dataclass or a pydantic model, and one level below them
     (``skip``: a field left as it is). With ``content_dedup`` off or nothing to replace:
@@ -469,7 +542,7 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None,
                 continue
             if chains is None:
                 chains = _chains()
-            new = _ref(runtime, options, item, chains)
+            new = _ref(runtime, options, item, chains, pending)
             if new is not None:
                 count += 1
         elif kind is dict:
@@ -479,7 +552,7 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None,
                     continue
                 if chains is None:
                     chains = _chains()
-                ref = _ref(runtime, options, sub, chains)
+                ref = _ref(runtime, options, sub, chains, pending)
                 if ref is not None:
                     inner = dict(item) if inner is None else inner
                     inner[name] = ref
@@ -519,7 +592,8 @@ def _with_model_class(value: Any, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ref(runtime: Runtime, options: ContentOptions, item: Any,
-         chains: list[_content.DeltaChain]) -> dict[str, Any] | None:
+         chains: list[_content.DeltaChain], pending: PendingRefs | None = None
+         ) -> dict[str, Any] | None:
     kind = type(item)
     if (kind is not list and kind is not tuple) or len(item) < REF_MIN_ITEMS and \
             type(item[0] if item else None) is not dict:
@@ -543,9 +617,18 @@ def _ref(runtime: Runtime, options: ContentOptions, item: Any,
                     return ref
     if not big:
         return None
+    if pending is not None and wanted == _content.KIND_MESSAGES:
+        # a dataset prompt: encoded and hashed off the loop; the reference names a placeholder
+        # until the call ends (``settle_refs``)
+        step = _root_messages(item, value, lazy=True)
+        if step is None:
+            return None
+        placeholder = f"{PLACEHOLDER_PREFIX}{next(_PLACEHOLDERS):x}"
+        pending.refs.append((placeholder, step))
+        return {_content.REF_KEY: placeholder, "len": step.length, "delta": []}
     step = _root_messages(item, value) if wanted == _content.KIND_MESSAGES else \
         _content.root_step(wanted, value)
-    if step is None:
+    if step is None or step.pending and not step.resolve():
         return None
     if content_store(runtime).put(wanted, step) != "stored":
         return None  # over budget: the list stays in the payload (capped), not a dead link
@@ -564,10 +647,14 @@ _ROOT_MESSAGES_KEPT = 64
 _IMMUTABLE = (str, int, float, bool, type(None))
 
 
-def _root_messages(item: Any, value: list[Any]) -> _content.Step | None:
+def _root_messages(item: Any, value: list[Any], lazy: bool = False) -> _content.Step | None:
     """``_content.root_step`` of a message list, computed once for the same list object while
     its messages hold the very same (immutable) values: O(messages) identity checks instead of
-    encoding and hashing O(characters) again."""
+    encoding and hashing O(characters) again.
+
+    ``lazy`` (a call that settles its inputs when it ends, ``settle_refs``): a list not met
+    before comes back as a ``PendingStep`` that the content thread encodes and hashes. A
+    cached step may be pending either way (``resolve`` it before reading its id)."""
     cached = _ROOT_MESSAGES.get(id(item))
     if cached is not None and cached[0] is item and _same_messages(value, cached[1]):
         try:
@@ -575,7 +662,13 @@ def _root_messages(item: Any, value: list[Any]) -> _content.Step | None:
         except KeyError:  # (another thread evicted it meanwhile)
             pass
         return cached[2]
-    step = _content.root_step(_content.KIND_MESSAGES, value)
+    step: _content.Step | None
+    if lazy:  # the caller's list does not change while its call runs; copied all the same
+        copy = list(value)  # (O(messages)), as the chain's deferred messages are
+        step = _content.PendingStep(_content.KIND_MESSAGES, copy, len(copy), copy, b"")
+        _content.defer(step)
+    else:
+        step = _content.root_step(_content.KIND_MESSAGES, value)
     if step is None:
         return None
     shape = _message_shape(value)

@@ -31,11 +31,13 @@ from opentelemetry.trace import Span, SpanKind
 from otel_verl import _errors, _policy, semconv
 from otel_verl._capture import (
     UNSET,
+    PendingRefs,
     as_dict,
     payload_attrs,
     record_failure,
     set_payload,
     settle_inputs,
+    settle_refs,
     token_texts,
 )
 from otel_verl._hotpath import (
@@ -184,7 +186,7 @@ class _OpCall:
     step that is otel_verl's own work is guarded: a bug here is logged, the user's call goes on.
     """
 
-    __slots__ = ("lazy", "outcome", "owner", "runtime", "span", "spec", "token")
+    __slots__ = ("lazy", "outcome", "owner", "refs", "runtime", "span", "spec", "token")
 
     def __init__(self, spec: _OpSpec, runtime: Runtime, span: Span, owner: Any,
                  token: Any, outcome: Outcome | None = None) -> None:
@@ -194,6 +196,9 @@ class _OpCall:
         self.outcome = outcome
         #: inputs captured ``lazy`` (``settle`` before the call's caller goes on)
         self.lazy = False
+        #: references of the inputs named by placeholders until ``settle`` (a dataset prompt
+        #: hashed off the loop), else None
+        self.refs: PendingRefs | None = None
 
     @classmethod
     def begin(cls, spec: _OpSpec, args: tuple[Any, ...],
@@ -221,9 +226,11 @@ class _OpCall:
                 outcome = traj.outcome  # (``current_outcome()``: traj is the current one)
             owner = None
             captured = spec.capture_input and runtime.config.capture_payloads
+            pending = None
             if captured:
                 owner, inputs = spec.bind(args, kwargs)
-                attrs.update(payload_attrs(runtime, inputs, UNSET, {}, lazy))
+                pending = PendingRefs() if lazy else None
+                attrs.update(payload_attrs(runtime, inputs, UNSET, {}, lazy, pending))
             elif spec.has_self and args:
                 owner = args[0]
             if outcome is not None:
@@ -240,6 +247,8 @@ class _OpCall:
             return None
         call = cls(spec, runtime, span, owner, token, outcome)
         call.lazy = lazy and captured
+        if pending is not None and pending.refs:
+            call.refs = pending
         if spec.before is not None and args:
             try:
                 spec.before(args[0], kwargs)
@@ -253,6 +262,9 @@ class _OpCall:
         if self.lazy:
             self.lazy = False
             settle_inputs(self.span)
+            if self.refs is not None:
+                refs, self.refs = self.refs, None
+                settle_refs(self.span, refs, self.outcome)
 
     def detach(self) -> None:
         """Stop being the current span (generators re-enter with ``step_context``)."""

@@ -32,13 +32,13 @@ def _rollouts(rows: list[Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
     """Each row run as one trajectory; returns the run spans' recorded raw_prompt, the sizes of
     the message lists hashed, and the store."""
     hashed: list[int] = []
-    root_step = _content.root_step
+    encode = _content.message_bytes
 
-    def counting(kind: str, items: Any) -> Any:
-        hashed.append(len(items))
-        return root_step(kind, items)
+    def counting(items: Any) -> Any:  # every encoding of a message list (to hash it), on
+        hashed.append(len(items))  # the loop or on the content thread
+        return encode(items)
 
-    monkeypatch.setattr(_content, "root_step", counting)
+    monkeypatch.setattr(_content, "message_bytes", counting)
     _capture._ROOT_MESSAGES.clear()
     with capture_spans(trace_dir=str(tmp_path)) as exporter:
 
@@ -97,9 +97,9 @@ def test_any_change_to_the_shared_prompt_is_hashed_again(
                 await run({"n": 1}, **row)
 
     hashed: list[int] = []
-    root_step = _content.root_step
-    monkeypatch.setattr(_content, "root_step",
-                        lambda kind, items: hashed.append(len(items)) or root_step(kind, items))
+    encode = _content.message_bytes
+    monkeypatch.setattr(_content, "message_bytes",
+                        lambda items: hashed.append(len(items)) or encode(items))
     _capture._ROOT_MESSAGES.clear()
     with capture_spans(trace_dir=str(tmp_path)) as exporter:
         asyncio.run(edited_rollouts())
