@@ -293,7 +293,8 @@ def _step_inputs(runtime: Runtime, options: ContentOptions, inputs: dict[str, An
         except Exception as exc:  # noqa: BLE001
             _errors.internal_error(exc, "content prompt id")
     shown = dict(inputs)
-    shown[field] = step.delta if inline else _preview(kind, step, options.inline_bytes)
+    # token ids are rendered from the bytes their hash was computed over (``TokenJSON``)
+    shown[field] = _preview(kind, step, None if inline else options.inline_bytes)
     return shown, attrs
 
 
@@ -321,7 +322,8 @@ def _pending_inputs(runtime: Runtime, options: ContentOptions, inputs: dict[str,
         semconv.CONTENT_INLINE: False,
     }
     shown = dict(inputs)
-    shown[field] = step.delta[: step.head_bytes.count(b",", 0, options.inline_bytes)]
+    shown[field] = _payload.token_json(step.delta, step.head_bytes, options.inline_bytes) \
+        if kind == _content.KIND_TOKENS else step.delta[:0]
     return shown, attrs
 
 
@@ -712,10 +714,14 @@ def _same_messages(messages: list[Any], shape: tuple[Any, ...]) -> bool:
 _MISSING = object()
 
 
-def _preview(kind: str, step: _content.Step, limit: int) -> Any:
-    """A head of a delta that is stored out of line: about ``limit`` bytes of it."""
+def _preview(kind: str, step: _content.Step, limit: int | None) -> Any:
+    """A delta as a payload shows it: whole (``limit`` None), or a head of about ``limit``
+    bytes of it when it is stored out of line. Token ids as the bytes they were hashed from
+    (``_payload.TokenJSON``: not checked and encoded again)."""
     if kind == _content.KIND_TOKENS:
-        return step.delta[: step.delta_bytes.count(b",", 0, limit)]
+        return _payload.token_json(step.delta, step.delta_bytes, limit)
+    if limit is None:
+        return step.delta
     return to_payload(step.delta, max_bytes=max(256, limit), redact=False).json
 
 

@@ -60,10 +60,12 @@ _CHUNK = 512
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+/=.")
 
 _orjson: Any = None
+_Fragment: Any = None
 try:  # the fast encoder (a core dependency; the stdlib json is the fallback)
     import orjson
 
     _orjson = orjson
+    _Fragment = getattr(orjson, "Fragment", None)  # (orjson >= 3.9.6)
 except ImportError:  # pragma: no cover - depends on the environment
     pass
 
@@ -120,6 +122,42 @@ def _cut_point(text: str, limit: int) -> int:
         if cut == floor and floor > 0:  # a run longer than any secret: cut where asked
             cut = limit
     return cut
+
+
+class TokenJSON:
+    """A list of token ids whose JSON is known already: the first ``count`` ids of ``items``,
+    whose canonical bytes (``_content.token_bytes``: each id's decimal text and a comma) the
+    content chain encoded to hash them. A payload renders it from those bytes (an orjson
+    ``Fragment``), not by checking and encoding the ids again; the walk (a payload over its
+    cap) takes the ids themselves. Made by ``token_json`` only."""
+
+    __slots__ = ("count", "data", "items")
+
+    items: list[int]
+    count: int
+    data: bytes
+
+    def ids(self) -> list[int]:
+        return self.items if self.count == len(self.items) else self.items[:self.count]
+
+
+def token_json(items: list[int], encoded: bytes,
+               limit: int | None = None) -> TokenJSON | list[int]:
+    """``items`` for a payload, ``encoded`` being ``token_bytes`` of them (or of a longer list
+    they begin, with ``limit``), or with ``limit`` the ids of its head whose bytes fit in it (a
+    preview): as a ``TokenJSON`` where orjson can take already-encoded JSON, else as a list."""
+    if limit is None:
+        count = len(items)
+        data = encoded[:-1]
+    else:
+        count = encoded.count(b",", 0, limit)
+        data = encoded[:encoded.rfind(b",", 0, limit)] if count else b""
+    if _Fragment is None:
+        return items[:count]
+    token = TokenJSON.__new__(TokenJSON)
+    token.items, token.count = items, count
+    token.data = b"[" + data + b"]"
+    return token
 
 
 class _Walker:
@@ -189,6 +227,8 @@ class _Walker:
         if kind is float:
             self.budget -= 12
             return obj if math.isfinite(obj) else str(obj)
+        if kind is TokenJSON:
+            obj, kind = obj.ids(), list
         if depth >= MAX_DEPTH:
             self.budget -= 12
             return "<max depth>"
@@ -512,7 +552,7 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     stack: list[tuple[Any, int]] = [(value, 0)]
     nodes = chars = 0
     limit = max_bytes // _PLAIN_SHARE
-    dataclasses_seen = False
+    dataclasses_seen = tokens_seen = False
     while stack:
         item, depth = stack.pop()
         if depth >= MAX_DEPTH:
@@ -557,13 +597,22 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
                     return None
             elif sub_kind is dict or sub_kind is list or sub_kind is tuple:
                 stack.append((sub, depth))
+            elif sub_kind is TokenJSON:  # ids encoded already (a prompt's delta)
+                chars += len(sub.data)
+                if chars > limit:
+                    return None
+                tokens_seen = True
             elif _plain_fields(sub_kind) is not None:
                 stack.append((sub, depth))
             else:  # not a plain dataclass: the walk decides
                 return None
     try:
-        data = _orjson.dumps(value, default=_fields_of, option=_orjson.OPT_PASSTHROUGH_DATACLASS) \
-            if dataclasses_seen else _orjson.dumps(value)
+        if dataclasses_seen:
+            data = _orjson.dumps(value, default=_fields_of,
+                                 option=_orjson.OPT_PASSTHROUGH_DATACLASS)
+        else:
+            data = _orjson.dumps(value, default=_fields_of) if tokens_seen else \
+                _orjson.dumps(value)
     except Exception:  # noqa: BLE001 - a lone surrogate, a big int, a cycle: the walk's rules
         return None
     if len(data) * _PLAIN_SHARE > max_bytes:
@@ -576,8 +625,11 @@ def _only_ints(items: list[Any] | tuple[Any, ...]) -> bool:
     return list(map(type, items)).count(int) == len(items)
 
 
-def _fields_of(obj: Any) -> dict[str, Any]:
-    """orjson's ``default`` for a plain dataclass ``_plain_json`` checked: its fields, in order."""
+def _fields_of(obj: Any) -> Any:
+    """orjson's ``default`` for a plain dataclass ``_plain_json`` checked (its fields, in
+    order) and for a ``TokenJSON`` (its bytes, as they are)."""
+    if type(obj) is TokenJSON:
+        return _Fragment(obj.data)
     names = _PLAIN_CLASSES.get(type(obj))
     if names is None:
         raise TypeError(type(obj).__name__)
