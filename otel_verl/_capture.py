@@ -125,8 +125,6 @@ def _prepare(runtime: Runtime, input: Any, output: Any, existing: Mapping[str, A
     refs = 0
     fields: list[tuple[str, str, Any]] = []
     if input is not UNSET:
-        if pending is not None:  # what settling needs, where the placeholder cannot stand
-            pending.value, pending.skip = input, coded_field
         input, refs = content_refs(runtime, input, coded_field, options, pending)
         fields.append((semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, input))
     if output is not UNSET:
@@ -451,15 +449,16 @@ _PLACEHOLDERS = itertools.count(1)
 
 class PendingRefs:
     """The references of one lazy call's inputs whose content is hashed off the loop (a dataset
-    prompt): (placeholder, step) pairs, and the inputs as they were before references replaced
-    anything (what the call is recorded from again where a step cannot be stored)."""
+    prompt). Each entry: the placeholder, the step, whether this call deferred the step (else
+    it is another call's, put in the store for this one when it settles), and the list itself
+    (what the input shows in the reference's place where the step cannot be stored). Nothing
+    else of the inputs is kept: they may be let go of while the call runs (a trajectory's
+    agent loop op runs as long as the trajectory)."""
 
-    __slots__ = ("refs", "skip", "value")
+    __slots__ = ("refs",)
 
     def __init__(self) -> None:
-        self.refs: list[tuple[str, _content.Step]] = []
-        self.value: Any = None
-        self.skip: str | None = None
+        self.refs: list[tuple[str, _content.Step, bool, list[Any]]] = []
 
 
 def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
@@ -476,28 +475,35 @@ def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
             return
         store = content_store(runtime)
         ids: dict[str, str] = {}
-        stored = True
-        for placeholder, step in pending.refs:
-            if not step.resolve() or store.put(_content.KIND_MESSAGES, step) != "stored":
-                stored = False
-                break
-            ids[placeholder] = str(step.id)
+        inline: dict[str, list[Any]] = {}
+        for placeholder, step, fresh, items in pending.refs:
+            put = None
+            if step.resolve():
+                put = getattr(step, "stored", None) if fresh else None
+                if put is None:  # another call's step (a GRPO group's), or stored by nobody
+                    put = store.put(_content.KIND_MESSAGES, step)
+            if put == "stored":
+                ids[placeholder] = str(step.id)
+            else:
+                inline[placeholder] = items
         attrs_now = attribute_map(span)
         text = attrs_now.get(semconv.INPUT_VALUE)
+        if type(text) is not str:
+            return
         attrs: dict[str, Any]
-        if stored:
-            if type(text) is not str:
-                return
+        if not inline:
             new = text
             for placeholder, content_id in ids.items():
                 new = new.replace(f'"{placeholder}"', f'"{content_id}"', 1)
             attrs = {semconv.INPUT_VALUE: new}
-        else:  # the rare path: recorded again, on this thread
-            value, found = content_refs(runtime, pending.value, pending.skip)
+        else:  # the rare path: the list itself in its reference's place, rendered again
+            value = _payload.loads_json(text)
+            value = _swap_placeholders(value, ids, inline, 3)
             attrs = _render(runtime.config,
                             [(semconv.INPUT_VALUE, semconv.INPUT_MIME_TYPE, value)], {})
-            if found:
-                attrs[semconv.CONTENT_REFS] = found
+            refs = int(attrs_now.get(semconv.CONTENT_REFS, 0)) - len(inline)
+            if refs > 0:
+                attrs[semconv.CONTENT_REFS] = refs
             elif semconv.CONTENT_REFS in attrs_now:
                 _drop_attributes(span, [semconv.CONTENT_REFS])
             new = attrs[semconv.INPUT_VALUE]
@@ -506,6 +512,23 @@ def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
         merge_clean(span, clean_attributes(attrs))
     except Exception as exc:  # noqa: BLE001 - the call's result stands
         _errors.internal_error(exc, "settling a reference")
+
+
+def _swap_placeholders(value: Any, ids: Mapping[str, str], inline: Mapping[str, list[Any]],
+                       depth: int) -> Any:
+    """``value`` (parsed ``input.value``) with each placeholder reference named by its id, or
+    replaced by its list; as deep as ``content_refs`` puts references (and one more)."""
+    if type(value) is dict:
+        ref = value.get(_content.REF_KEY)
+        if type(ref) is str and ref.startswith(PLACEHOLDER_PREFIX):
+            if ref in inline:
+                return inline[ref]
+            if ref in ids:
+                return {**value, _content.REF_KEY: ids[ref]}
+        if depth:
+            return {key: _swap_placeholders(item, ids, inline, depth - 1)
+                    for key, item in value.items()}
+    return value
 
 
 def content_refs(runtime: Runtime, value: Any, skip: str | None = None,
@@ -620,13 +643,16 @@ def _ref(runtime: Runtime, options: ContentOptions, item: Any,
     if not big:
         return None
     if pending is not None and wanted == _content.KIND_MESSAGES:
-        # a dataset prompt: encoded and hashed off the loop; the reference names a placeholder
-        # until the call ends (``settle_refs``)
-        step = _root_messages(item, value, lazy=True)
+        # a dataset prompt: encoded, hashed and stored off the loop; the reference names a
+        # placeholder until the call ends (``settle_refs``)
+        cached = _cached_root(item, value)
+        fresh = cached is None  # (else another call's: stored for this one when it settles)
+        step = cached if cached is not None else \
+            _root_messages(item, value, content_store(runtime).bound())
         if step is None:
             return None
         placeholder = f"{PLACEHOLDER_PREFIX}{next(_PLACEHOLDERS):x}"
-        pending.refs.append((placeholder, step))
+        pending.refs.append((placeholder, step, fresh, value))
         return {_content.REF_KEY: placeholder, "len": step.length, "delta": []}
     step = _root_messages(item, value) if wanted == _content.KIND_MESSAGES else \
         _content.root_step(wanted, value)
@@ -649,26 +675,24 @@ _ROOT_MESSAGES_KEPT = 64
 _IMMUTABLE = (str, int, float, bool, type(None))
 
 
-def _root_messages(item: Any, value: list[Any], lazy: bool = False) -> _content.Step | None:
+def _root_messages(item: Any, value: list[Any], store: Any = None) -> _content.Step | None:
     """``_content.root_step`` of a message list, computed once for the same list object while
     its messages hold the very same (immutable) values: O(messages) identity checks instead of
     encoding and hashing O(characters) again.
 
-    ``lazy`` (a call that settles its inputs when it ends, ``settle_refs``): a list not met
-    before comes back as a ``PendingStep`` that the content thread encodes and hashes. A
-    cached step may be pending either way (``resolve`` it before reading its id)."""
-    cached = _ROOT_MESSAGES.get(id(item))
-    if cached is not None and cached[0] is item and _same_messages(value, cached[1]):
-        try:
-            _ROOT_MESSAGES.move_to_end(id(item))
-        except KeyError:  # (another thread evicted it meanwhile)
-            pass
-        return cached[2]
+    ``store`` (a call that settles its inputs when it ends, ``settle_refs``): a list not met
+    before comes back as a ``PendingStep`` that the content thread encodes, hashes and puts in
+    ``store`` (while the call runs: the store's thread writes it then, not when the
+    trajectory's calls end together). A cached step may be pending either way (``resolve`` it
+    before reading its id)."""
+    cached = _cached_root(item, value)
+    if cached is not None:
+        return cached
     step: _content.Step | None
-    if lazy:  # the caller's list does not change while its call runs; copied all the same
-        copy = list(value)  # (O(messages)), as the chain's deferred messages are
+    if store is not None:  # the caller's list does not change while its call runs; copied
+        copy = list(value)  # all the same (O(messages)), as the chain's deferred messages are
         step = _content.PendingStep(_content.KIND_MESSAGES, copy, len(copy), copy, b"")
-        _content.defer(step)
+        _content.defer(step, store)
     else:
         step = _content.root_step(_content.KIND_MESSAGES, value)
     if step is None:
@@ -682,6 +706,18 @@ def _root_messages(item: Any, value: list[Any], lazy: bool = False) -> _content.
             except KeyError:
                 break
     return step
+
+
+def _cached_root(item: Any, value: list[Any]) -> _content.Step | None:
+    """The step remembered for this very list while its messages hold the same values."""
+    cached = _ROOT_MESSAGES.get(id(item))
+    if cached is not None and cached[0] is item and _same_messages(value, cached[1]):
+        try:
+            _ROOT_MESSAGES.move_to_end(id(item))
+        except KeyError:  # (another thread evicted it meanwhile)
+            pass
+        return cached[2]
+    return None
 
 
 def _message_shape(messages: list[Any]) -> tuple[Any, ...] | None:

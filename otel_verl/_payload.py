@@ -672,6 +672,13 @@ def fast_json(value: Any, max_bytes: int, redact: bool) -> str | None:
     return None
 
 
+def loads_json(text: str | bytes) -> Any:
+    """JSON text (a payload this module wrote) back to values."""
+    if _orjson is not None:
+        return _orjson.loads(text)
+    return json.loads(text)  # pragma: no cover - without orjson
+
+
 def to_payload(value: Any, *, max_bytes: int, redact: bool = True) -> Payload:
     """Serialise ``value`` to JSON text of at most ``max_bytes`` UTF-8 bytes. Never raises.
 
