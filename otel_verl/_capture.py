@@ -538,9 +538,9 @@ def content_refs(runtime: Runtime, value: Any, skip: str | None = None,
     into the content store, and how many were replaced: a list that repeats the trajectory's
     content (the agent loop's ``prompt_ids``/``response_ids``) points into its chain
     (``DeltaChain.reference``); any other list over ``content_inline_bytes`` (a dataset prompt)
-    is stored once by its id (``{"$content": id, "len": n, "delta": []}``). With ``pending`` (the inputs of a lazy
-    call), such a list of messages is hashed off the loop and named by a placeholder until the
-    call ends (``settle_refs``).
+    is stored once by its id (``{"$content": id, "len": n, "delta": []}``). With ``pending``
+    (the inputs of a lazy call), such a list of messages is hashed off the loop and named by a
+    placeholder until the call ends (``settle_refs``).
 
     Top-level fields of a mapping, a dataclass or a pydantic model, and one level below them
     (``skip``: a field left as it is). With ``content_dedup`` off or nothing to replace:
