@@ -490,6 +490,8 @@ def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
         text = attrs_now.get(semconv.INPUT_VALUE)
         if type(text) is not str:
             return
+        # (a call recorded again meanwhile, ``settle_inputs``, named its references already)
+        inline = {key: items for key, items in inline.items() if key in text}
         attrs: dict[str, Any]
         if not inline:
             new = text
