@@ -610,9 +610,10 @@ def _plain_json(value: Any, max_bytes: int, redact: bool) -> str | None:
         if dataclasses_seen:
             data = _orjson.dumps(value, default=_fields_of,
                                  option=_orjson.OPT_PASSTHROUGH_DATACLASS)
+        elif tokens_seen:
+            data = _orjson.dumps(value, default=_fields_of)
         else:
-            data = _orjson.dumps(value, default=_fields_of) if tokens_seen else \
-                _orjson.dumps(value)
+            data = _orjson.dumps(value)
     except Exception:  # noqa: BLE001 - a lone surrogate, a big int, a cycle: the walk's rules
         return None
     if len(data) * _PLAIN_SHARE > max_bytes:
