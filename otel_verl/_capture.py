@@ -461,6 +461,42 @@ class PendingRefs:
         self.refs: list[tuple[str, _content.Step, bool, list[Any]]] = []
 
 
+#: the placeholders of the calls in flight, by their span's id: what a reader outside the call
+#: (the live thread's in-flight span of a stuck op, ``live_input``) names them by meanwhile.
+#: Set when a lazy call with placeholders starts (``track_refs``), removed when it settles.
+_IN_FLIGHT_REFS: dict[int, PendingRefs] = {}
+
+
+def track_refs(span: Span, pending: PendingRefs) -> None:
+    """Remember ``pending`` for ``live_input`` until the call settles (``settle_refs``)."""
+    _IN_FLIGHT_REFS[span.get_span_context().span_id] = pending
+
+
+def live_input(span_id: int, text: str) -> str | None:
+    """``input.value`` of a call in flight (``text``, read from its span) as a reader outside
+    the call shows it: each placeholder named by its content id, once hashed and stored (by the
+    content thread, as a rule; else here, on the reader's thread). None where one cannot be (its
+    content not stored, the call settled meanwhile): never a placeholder, never a dead link.
+    Never raises."""
+    if PLACEHOLDER_PREFIX not in text:
+        return text
+    pending = _IN_FLIGHT_REFS.get(span_id)
+    if pending is None:
+        return None
+    try:
+        for placeholder, step, _fresh, _items in tuple(pending.refs):
+            quoted = f'"{placeholder}"'
+            if quoted not in text:
+                continue
+            if not step.resolve() or getattr(step, "stored", None) != "stored":
+                return None  # (a cached step from another call: stored by that call, or not)
+            text = text.replace(quoted, f'"{step.id}"', 1)
+    except Exception as exc:  # noqa: BLE001 - the live record goes without the input
+        _errors.internal_error(exc, "naming a reference in flight")
+        return None
+    return None if PLACEHOLDER_PREFIX in text else text
+
+
 def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
     """At the end (or failure) of a call whose inputs named placeholders (``content_refs`` with
     ``pending``): each content id in its placeholder's place in ``input.value`` (and in the
@@ -470,6 +506,7 @@ def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
     recorded again as without deferring: the list stays in it, capped, never a dead link.
     Never raises."""
     try:
+        _IN_FLIGHT_REFS.pop(span.get_span_context().span_id, None)
         runtime = STATE.runtime
         if runtime is None:
             return

@@ -39,6 +39,7 @@ from otel_verl._capture import (
     settle_inputs,
     settle_refs,
     token_texts,
+    track_refs,
 )
 from otel_verl._hotpath import (
     attach_span,
@@ -249,6 +250,7 @@ class _OpCall:
         call.lazy = lazy and captured
         if pending is not None and pending.refs:
             call.refs = pending
+            track_refs(span, pending)  # (named by their ids in a stuck op's live record)
         if spec.before is not None and args:
             try:
                 spec.before(args[0], kwargs)

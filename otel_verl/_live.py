@@ -50,6 +50,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_verl import _errors, semconv
+from otel_verl._capture import live_input
 from otel_verl._current import TRAJECTORY
 from otel_verl._fork import LiveInstances
 from otel_verl._hotpath import attribute_map
@@ -385,6 +386,8 @@ class LiveTracker(SpanProcessor):
             if content:
                 attrs[semconv.OTEL_VERL_LIVE_CONTENT] = json.dumps(content, default=str)
             value = op_attrs.get(semconv.INPUT_VALUE)
+            if isinstance(value, str):  # a dataset prompt hashed meanwhile: named by its id
+                value = live_input(op["_id"], value)
             if isinstance(value, str) and len(value) <= semconv.LIVE_INPUT_MAX:
                 attrs[semconv.OTEL_VERL_LIVE_INPUT] = value
                 mime = op_attrs.get(semconv.INPUT_MIME_TYPE)

@@ -159,3 +159,51 @@ def test_content_that_cannot_be_stored_stays_in_the_input(case: str, tmp_path) -
     root = next(s for s in spans if s.name == "agent_loop")
     assert _capture.PLACEHOLDER_PREFIX not in root.attributes[semconv.INPUT_VALUE]
     assert _capture.PLACEHOLDER_PREFIX.encode() not in _exported(tmp_path)
+
+
+@otel_verl.rollout_trace_op
+async def run_slow(sampling_params: dict, **kwargs: Any) -> dict:
+    await asyncio.sleep(0.8)
+    return {"answer": "84"}
+
+
+@pytest.mark.parametrize("case", ["stored", "over_budget"])
+def test_a_stuck_op_is_sent_with_the_id_not_the_placeholder(case: str, tmp_path) -> None:
+    """A stuck op's ``otel_verl.in_flight`` span carries the op's input as it is now (what
+    Weave starts the op's call with): its dataset prompt is named by its content id, which the
+    content thread has computed meanwhile, never by the placeholder the op's own span holds
+    until it ends. Where the prompt cannot be stored (the store over its budget), the in-flight
+    span goes without the input (the op's own span gets the list inline when it ends)."""
+    from otel_verl._state import STATE
+
+    _capture._ROOT_MESSAGES.clear()
+    sent = _messages(4)
+    options: dict[str, Any] = {"content_store_bytes": 1024} if case == "over_budget" else {}
+    with capture_spans(trace_dir=str(tmp_path), live=True, stuck_after_s=0.2,
+                       **options) as exporter:
+
+        async def main() -> None:
+            async def watch() -> None:
+                await asyncio.sleep(0.4)
+                await asyncio.to_thread(STATE.runtime.live.tick)
+
+            with rollout_trace_attr(step=1, sample_index=0, name="agent_loop"):
+                await asyncio.gather(run_slow({"n": 1}, raw_prompt=sent), watch())
+
+        asyncio.run(main())
+        RolloutTraceConfig.flush(10.0)
+        spans = list(exporter.get_finished_spans())
+    _content.flush_all(10.0)
+    flights = [s for s in spans if s.name == semconv.IN_FLIGHT_SPAN]
+    assert [s.attributes[semconv.OTEL_VERL_LIVE_OP] for s in flights] == ["run_slow"]
+    for span in spans:
+        for value in span.attributes.values():
+            assert _capture.PLACEHOLDER_PREFIX not in str(value), (span.name, value)
+    if case == "over_budget":
+        assert semconv.OTEL_VERL_LIVE_INPUT not in flights[0].attributes
+        return
+    live = json.loads(flights[0].attributes[semconv.OTEL_VERL_LIVE_INPUT])
+    content_id = _content.message_content_id(sent)
+    assert live["kwargs"]["raw_prompt"]["$content"] == content_id
+    assert ContentIndex.load(str(tmp_path)).rebuild(content_id) == sent
+    assert not _capture._IN_FLIGHT_REFS  # let go of when the op settled
