@@ -25,6 +25,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from otel_verl import _content, _errors, _payload, semconv
+from otel_verl._fork import register_after_in_child
 from otel_verl._hotpath import attribute_map, clean_attributes, merge_clean
 from otel_verl._payload import TRUNCATION_MARK, fast_json, redact_text, to_payload, walk_payload
 from otel_verl._state import STATE, TRAJECTORY, Runtime
@@ -465,6 +466,8 @@ class PendingRefs:
 #: (the live thread's in-flight span of a stuck op, ``live_input``) names them by meanwhile.
 #: Set when a lazy call with placeholders starts (``track_refs``), removed when it settles.
 _IN_FLIGHT_REFS: dict[int, PendingRefs] = {}
+# a forked child has none of the parent's calls in flight (nor would it settle them)
+register_after_in_child(_IN_FLIGHT_REFS.clear, "the references of calls in flight")
 
 
 def track_refs(span: Span, pending: PendingRefs) -> None:
