@@ -106,3 +106,21 @@ def test_live_instances_are_reset_in_the_child_held_weakly(registry):
     assert sorted(lines[:sep]) == ["a", "b", "c"]  # every live one, the failing one included
     assert lines[sep + 1:] == ["resetting things in a forked child: b failed"]
     assert ran == [] and registry == []
+
+
+def test_the_parents_calls_in_flight_are_not_kept_in_the_child(registry):
+    """The parent's calls in flight never end in a forked child: their placeholders (and the
+    lists they hold) are not kept there (``_capture._IN_FLIGHT_REFS``); the parent keeps its own."""
+    from otel_verl import _capture
+
+    ran: list[str] = []  # registered after the package's own callbacks: sees what they left
+    _fork.register_after_in_child(lambda: ran.append(str(len(_capture._IN_FLIGHT_REFS))),
+                                  "the probe")
+    key = 0x5EED
+    _capture._IN_FLIGHT_REFS[key] = _capture.PendingRefs()
+    try:
+        lines = _in_child(ran, registry)
+        assert key in _capture._IN_FLIGHT_REFS
+    finally:
+        _capture._IN_FLIGHT_REFS.pop(key, None)
+    assert lines == ["0", "--"]
