@@ -484,15 +484,23 @@ def live_input(span_id: int, text: str) -> str | None:
     if PLACEHOLDER_PREFIX not in text:
         return text
     pending = _IN_FLIGHT_REFS.get(span_id)
-    if pending is None:
+    runtime = STATE.runtime
+    if pending is None or runtime is None:
         return None
     try:
-        for placeholder, step, _fresh, _items in tuple(pending.refs):
+        for placeholder, step, fresh, _items in tuple(pending.refs):
             quoted = f'"{placeholder}"'
             if quoted not in text:
                 continue
-            if not step.resolve() or getattr(step, "stored", None) != "stored":
-                return None  # (a cached step from another call: stored by that call, or not)
+            if not step.resolve():
+                return None
+            # another call's step (a GRPO group's prompt) is put in the store for this one, as
+            # ``settle_refs`` does: the call that stored it may be dropped by tail sampling
+            put = getattr(step, "stored", None) if fresh else None
+            if put is None:
+                put = content_store(runtime).put(_content.KIND_MESSAGES, step)
+            if put != "stored":
+                return None
             text = text.replace(quoted, f'"{step.id}"', 1)
     except Exception as exc:  # noqa: BLE001 - the live record goes without the input
         _errors.internal_error(exc, "naming a reference in flight")

@@ -167,13 +167,15 @@ async def run_slow(sampling_params: dict, **kwargs: Any) -> dict:
     return {"answer": "84"}
 
 
-@pytest.mark.parametrize("case", ["stored", "over_budget"])
+@pytest.mark.parametrize("case", ["stored", "group", "over_budget"])
 def test_a_stuck_op_is_sent_with_the_id_not_the_placeholder(case: str, tmp_path) -> None:
     """A stuck op's ``otel_verl.in_flight`` span carries the op's input as it is now (what
     Weave starts the op's call with): its dataset prompt is named by its content id, which the
     content thread has computed meanwhile, never by the placeholder the op's own span holds
     until it ends. Where the prompt cannot be stored (the store over its budget), the in-flight
-    span goes without the input (the op's own span gets the list inline when it ends)."""
+    span goes without the input (the op's own span gets the list inline when it ends). In a
+    GRPO group (``group``: the very same prompt object, hashed by the group's first rollout),
+    the stuck rollout names the id the first one computed."""
     from otel_verl._state import STATE
 
     _capture._ROOT_MESSAGES.clear()
@@ -187,7 +189,10 @@ def test_a_stuck_op_is_sent_with_the_id_not_the_placeholder(case: str, tmp_path)
                 await asyncio.sleep(0.4)
                 await asyncio.to_thread(STATE.runtime.live.tick)
 
-            with rollout_trace_attr(step=1, sample_index=0, name="agent_loop"):
+            if case == "group":  # the group's first rollout, ended: its step is cached
+                with rollout_trace_attr(step=1, sample_index=0, rollout_n=0, name="agent_loop"):
+                    await run({"n": 1}, raw_prompt=sent)
+            with rollout_trace_attr(step=1, sample_index=0, rollout_n=1, name="agent_loop"):
                 await asyncio.gather(run_slow({"n": 1}, raw_prompt=sent), watch())
 
         asyncio.run(main())
