@@ -492,20 +492,25 @@ def live_input(span_id: int, text: str) -> str | None:
             quoted = f'"{placeholder}"'
             if quoted not in text:
                 continue
-            if not step.resolve():
-                return None
-            # another call's step (a GRPO group's prompt) is put in the store for this one, as
-            # ``settle_refs`` does: the call that stored it may be dropped by tail sampling
-            put = getattr(step, "stored", None) if fresh else None
-            if put is None:
-                put = content_store(runtime).put(_content.KIND_MESSAGES, step)
-            if put != "stored":
+            if not _stored_for_call(step, fresh, content_store(runtime)):
                 return None
             text = text.replace(quoted, f'"{step.id}"', 1)
     except Exception as exc:  # noqa: BLE001 - the live record goes without the input
         _errors.internal_error(exc, "naming a reference in flight")
         return None
     return None if PLACEHOLDER_PREFIX in text else text
+
+
+def _stored_for_call(step: _content.Step, fresh: bool, store: Any) -> bool:
+    """``step`` (a placeholder's) hashed and in the store for this call: as the call that
+    deferred it stored it (``fresh``), else put now (another call's step, a GRPO group's
+    prompt: the call that stored it may be dropped by tail sampling; or stored by nobody)."""
+    if not step.resolve():
+        return False
+    put = getattr(step, "stored", None) if fresh else None
+    if put is None:
+        put = store.put(_content.KIND_MESSAGES, step)
+    return put == "stored"
 
 
 def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
@@ -525,12 +530,7 @@ def settle_refs(span: Span, pending: PendingRefs, outcome: Any = None) -> None:
         ids: dict[str, str] = {}
         inline: dict[str, list[Any]] = {}
         for placeholder, step, fresh, items in pending.refs:
-            put = None
-            if step.resolve():
-                put = getattr(step, "stored", None) if fresh else None
-                if put is None:  # another call's step (a GRPO group's), or stored by nobody
-                    put = store.put(_content.KIND_MESSAGES, step)
-            if put == "stored":
+            if _stored_for_call(step, fresh, store):
                 ids[placeholder] = str(step.id)
             else:
                 inline[placeholder] = items
